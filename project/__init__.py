@@ -1,0 +1,5 @@
+"""Example deployment of the ``scheduling`` app: settings, Celery app, URLs."""
+
+from project.celery import app as celery_app
+
+__all__ = ("celery_app",)

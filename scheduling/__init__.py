@@ -1,0 +1,1 @@
+"""Exactly-once periodic runs for Django + Celery beat, claimed from a PostgreSQL run ledger."""

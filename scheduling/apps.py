@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class SchedulingConfig(AppConfig):
+    name = "scheduling"
+    verbose_name = "Scheduling"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from scheduling import checks, worker  # noqa: F401  (registers checks and signal handlers)

@@ -1,0 +1,95 @@
+"""Settings of the ``scheduling`` app, read lazily from Django settings with the prefix SCHEDULING_.
+
+Use ``from scheduling.conf import conf`` and read attributes at call time, so ``override_settings``
+works in tests. Every value has a default; none is read at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class _Setting:
+    default: object
+    doc: str
+
+
+DEFAULTS: dict[str, _Setting] = {
+    "REPLICA_ID": _Setting(None, "Id of this beat replica; default 'hostname:pid'."),
+    "MAX_INTERVAL": _Setting(1.0, "Longest sleep between two ticks of a replica, in seconds."),
+    "BATCH_SIZE": _Setting(100, "Most runs one claim transaction dispatches."),
+    "MISFIRE_GRACE_SECONDS": _Setting(
+        60.0, "A run dispatched later than this after its slot is a misfire (coalesced)."
+    ),
+    "RECONCILE_INTERVAL": _Setting(
+        60.0, "Seconds between full reconcile passes, besides the ones triggered by edits."
+    ),
+    "STATEMENT_TIMEOUT": _Setting(5.0, "statement_timeout of the scheduler's session, seconds."),
+    "IDLE_IN_TRANSACTION_TIMEOUT": _Setting(
+        10.0,
+        "idle_in_transaction_session_timeout of the scheduler's session, in seconds: how long a "
+        "frozen replica can hold its claim before the server ends its transaction.",
+    ),
+    "TCP_KEEPALIVES_IDLE": _Setting(5, "Server-side TCP keepalive idle time, seconds."),
+    "REJECT_UNKNOWN_TASKS": _Setting(
+        True, "Fail a run whose task name the beat process's Celery app does not know."
+    ),
+    "TEST_PAUSE_AFTER_PUBLISH": _Setting(
+        0.0, "Test hook: seconds to sleep after publishing, before the claim commits."
+    ),
+}
+
+
+class Conf:
+    """Typed, lazy view of the SCHEDULING_* settings."""
+
+    def _get(self, name: str) -> object:
+        return getattr(settings, f"SCHEDULING_{name}", DEFAULTS[name].default)
+
+    @property
+    def replica_id(self) -> str:
+        return str(self._get("REPLICA_ID") or f"{socket.gethostname()}:{os.getpid()}")
+
+    @property
+    def max_interval(self) -> float:
+        return float(self._get("MAX_INTERVAL"))  # type: ignore[arg-type]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self._get("BATCH_SIZE"))  # type: ignore[arg-type]
+
+    @property
+    def misfire_grace_seconds(self) -> float:
+        return float(self._get("MISFIRE_GRACE_SECONDS"))  # type: ignore[arg-type]
+
+    @property
+    def reconcile_interval(self) -> float:
+        return float(self._get("RECONCILE_INTERVAL"))  # type: ignore[arg-type]
+
+    @property
+    def statement_timeout(self) -> float:
+        return float(self._get("STATEMENT_TIMEOUT"))  # type: ignore[arg-type]
+
+    @property
+    def idle_in_transaction_timeout(self) -> float:
+        return float(self._get("IDLE_IN_TRANSACTION_TIMEOUT"))  # type: ignore[arg-type]
+
+    @property
+    def tcp_keepalives_idle(self) -> int:
+        return int(self._get("TCP_KEEPALIVES_IDLE"))  # type: ignore[arg-type]
+
+    @property
+    def reject_unknown_tasks(self) -> bool:
+        return bool(self._get("REJECT_UNKNOWN_TASKS"))
+
+    @property
+    def test_pause_after_publish(self) -> float:
+        return float(self._get("TEST_PAUSE_AFTER_PUBLISH"))  # type: ignore[arg-type]
+
+
+conf = Conf()

@@ -1,0 +1,22 @@
+"""The error family of the ``scheduling`` app.
+
+    SchedulingError
+    ├── ScheduleError      a schedule definition gives no usable slot (bad crontab, zero interval)
+    └── RunRejected        one run cannot be published (bad args JSON, unknown task name)
+
+Broker and database errors are not wrapped: they abort the claim transaction, which is the point.
+"""
+
+from __future__ import annotations
+
+
+class SchedulingError(Exception):
+    """Base class for errors raised by the ``scheduling`` app."""
+
+
+class ScheduleError(SchedulingError):
+    """A periodic task's schedule cannot produce a slot; the message says why."""
+
+
+class RunRejected(SchedulingError):
+    """A run cannot be published; it is recorded as failed with this message as its reason."""

@@ -1,0 +1,560 @@
+"""The run ledger's transactions: poll, plan, claim-and-dispatch, record outcomes.
+
+This is the only module that opens transactions or locks rows. The claim is a row lock taken with
+``SELECT ... FOR UPDATE SKIP LOCKED`` inside the dispatch transaction, so it lives exactly as long
+as that transaction: commit, rollback, or the connection dying all end it. What is due is decided
+by the database clock (``clock_timestamp()``), never a replica's own clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import connections, transaction
+from django.db.models import DateTimeField, Exists, F, Func, OuterRef, Q, Subquery
+from django_celery_beat.models import PeriodicTask, PeriodicTasks
+
+from scheduling import slots
+from scheduling.exceptions import RunRejected, ScheduleError
+from scheduling.messages import Message, build_message
+from scheduling.models import Run
+
+logger = logging.getLogger(__name__)
+
+Publish = Callable[[Message], None]
+_SCHEDULE_RELATED = (
+    "periodic_task__interval",
+    "periodic_task__crontab",
+    "periodic_task__clocked",
+    "periodic_task__solar",
+)
+_TASK_RELATED = ("interval", "crontab", "clocked", "solar")
+_ERROR_LIMIT = 2000
+
+
+class ClockTimestamp(Func):
+    """PostgreSQL's ``clock_timestamp()``: the database's wall clock, not the transaction start."""
+
+    template = "clock_timestamp()"
+    output_field = DateTimeField()
+
+
+@dataclass(frozen=True)
+class Poll:
+    """One look at the ledger: the database clock, the earliest pending run, the edit marker."""
+
+    now: datetime
+    next_due: datetime | None
+    change_marker: datetime | None
+
+    def seconds_until_due(self) -> float | None:
+        """Seconds from ``now`` until the earliest pending run (<= 0 when one is due)."""
+        if self.next_due is None:
+            return None
+        return (self.next_due - self.now).total_seconds()
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    """A run this replica committed as dispatched (or failed/cancelled while claiming)."""
+
+    run_id: int
+    periodic_task_name: str
+    status: str
+    lateness: float | None
+    task_id: str
+
+
+def configure_session(using: str = "default") -> None:
+    """Apply the scheduler's server-side bounds to its connection, once per connection.
+
+    ``idle_in_transaction_session_timeout`` and ``statement_timeout`` bound how long a frozen or
+    partitioned replica can hold its claim (DESIGN invariant 8); the TCP keepalive settings let the
+    server notice a vanished client.
+    """
+    from scheduling.conf import conf
+
+    connection = connections[using]
+    connection.ensure_connection()
+    raw = connection.connection
+    if getattr(connection, "_scheduling_session", None) is raw:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false),"
+            " set_config('statement_timeout', %s, false),"
+            " set_config('tcp_keepalives_idle', %s, false),"
+            " set_config('tcp_keepalives_interval', %s, false),"
+            " set_config('tcp_keepalives_count', %s, false)",
+            [
+                f"{int(conf.idle_in_transaction_timeout * 1000)}ms",
+                f"{int(conf.statement_timeout * 1000)}ms",
+                str(conf.tcp_keepalives_idle),
+                str(max(1, conf.tcp_keepalives_idle // 2)),
+                "3",
+            ],
+        )
+    connection._scheduling_session = raw  # type: ignore[attr-defined]
+
+
+def poll(using: str = "default") -> Poll:
+    """Return the database clock, the earliest pending run's slot and the edit marker, in one query.
+
+    This is the whole cost of an idle tick, whatever the number of periodic tasks: the earliest
+    pending run comes from the partial index on pending runs.
+    """
+    run_table = Run._meta.db_table
+    marker_table = PeriodicTasks._meta.db_table
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT clock_timestamp(),"  # noqa: S608 - table names come from model metadata
+            f" (SELECT min(scheduled_for) FROM {run_table} WHERE status = 'pending'),"
+            f" (SELECT last_update FROM {marker_table} WHERE ident = 1)"
+        )
+        now, next_due, marker = cursor.fetchone()
+    return Poll(now=now, next_due=next_due, change_marker=marker)
+
+
+def database_now(using: str = "default") -> datetime:
+    """Return the database's ``clock_timestamp()`` (aware, UTC)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+# Planning ---------------------------------------------------------------------------------------
+
+
+def reconcile(grace: timedelta, using: str = "default") -> int:
+    """Bring the pending runs in line with the periodic tasks; return the number of runs planned.
+
+    1. Pending runs of deleted tasks, and pending scheduled runs of disabled tasks, are cancelled.
+    2. Pending scheduled runs not yet due whose task was edited after they were planned are
+       cancelled and planned again from the new definition (when the slot changed).
+    3. Every enabled task without a pending scheduled run gets one (its next slot), or is disabled
+       when its schedule is over (clocked time passed, expired, one-off done).
+
+    Safe to run from any number of replicas at once: rows being claimed are skipped, and the unique
+    constraints drop concurrent duplicates (invariant 1).
+    """
+    _cancel_orphans(using)
+    _replan_edited(grace, using)
+    return plan_missing(grace, using)
+
+
+def _cancel_orphans(using: str) -> None:
+    with transaction.atomic(using=using):
+        orphans = list(
+            Run.objects.using(using)
+            .pending()
+            .filter(
+                Q(periodic_task__isnull=True)
+                | Q(trigger=Run.Trigger.SCHEDULE, periodic_task__enabled=False)
+            )
+            .select_for_update(skip_locked=True, of=("self",))
+            .values_list("pk", "periodic_task_id")
+        )
+        if not orphans:
+            return
+        deleted = [pk for pk, task_id in orphans if task_id is None]
+        disabled = [pk for pk, task_id in orphans if task_id is not None]
+        for ids, reason in ((deleted, "periodic task deleted"), (disabled, "periodic task disabled")):
+            if ids:
+                Run.objects.using(using).filter(pk__in=ids).update(
+                    status=Run.Status.CANCELLED, reason=reason, finished_at=ClockTimestamp()
+                )
+                logger.info(
+                    "cancelled %d pending runs: %s", len(ids), reason, extra={"action": "cancel"}
+                )
+
+
+def _replan_edited(grace: timedelta, using: str) -> None:
+    with transaction.atomic(using=using):
+        edited = list(
+            Run.objects.using(using)
+            .pending()
+            .scheduled()
+            .filter(
+                periodic_task__enabled=True,
+                periodic_task__date_changed__gt=F("planned_at"),
+                scheduled_for__gt=ClockTimestamp(),
+            )
+            .select_related(*_SCHEDULE_RELATED)
+            .select_for_update(skip_locked=True, of=("self",))
+        )
+        if not edited:
+            return
+        now = database_now(using)
+        for run in edited:
+            task = run.periodic_task
+            try:
+                slot = slots.initial_run(task, now, last_slot=_last_slot(task, using), grace=grace)
+            except ScheduleError:
+                slot = None
+            if slot == run.scheduled_for:
+                Run.objects.using(using).filter(pk=run.pk).update(planned_at=ClockTimestamp())
+                continue
+            Run.objects.using(using).filter(pk=run.pk).update(
+                status=Run.Status.CANCELLED, reason="schedule edited", finished_at=ClockTimestamp()
+            )
+            logger.info(
+                "re-planning %s after an edit: %s -> %s",
+                task.name, run.scheduled_for, slot, extra={"action": "replan"},
+            )
+    # The edited tasks now have no pending run; plan_missing plans them from the new definition.
+
+
+def _last_slot(task: PeriodicTask, using: str) -> datetime | None:
+    return (
+        Run.objects.using(using)
+        .scheduled()
+        .filter(periodic_task=task)
+        .exclude(status__in=(Run.Status.PENDING, Run.Status.CANCELLED))
+        .order_by("-scheduled_for")
+        .values_list("scheduled_for", flat=True)
+        .first()
+    )
+
+
+def plan_missing(grace: timedelta, using: str = "default", chunk_size: int = 2000) -> int:
+    """Plan the next slot of every enabled task that has no pending scheduled run.
+
+    Returns the number of runs inserted (concurrent planners' duplicates are dropped by the unique
+    constraints, and not counted). A task whose schedule cannot produce a slot gets one failed run
+    with the error (once per distinct error) and keeps its other runs' history.
+    """
+    pending = Run.objects.filter(
+        periodic_task=OuterRef("pk"), trigger=Run.Trigger.SCHEDULE, status=Run.Status.PENDING
+    )
+    latest = (
+        Run.objects.filter(periodic_task=OuterRef("pk"), trigger=Run.Trigger.SCHEDULE)
+        .exclude(status=Run.Status.CANCELLED)
+        .order_by("-scheduled_for")
+    )
+    tasks = (
+        PeriodicTask.objects.using(using)
+        .filter(enabled=True)
+        .exclude(Exists(pending))
+        .annotate(
+            last_slot=Subquery(latest.values("scheduled_for")[:1]),
+            last_error=Subquery(latest.values("error")[:1]),
+        )
+        .select_related(*_TASK_RELATED)
+        .order_by("pk")
+    )
+    planned = 0
+    now = database_now(using)
+    batch: list[Run] = []
+    finished: list[int] = []
+    for task in tasks.iterator(chunk_size=chunk_size):
+        try:
+            slot = slots.initial_run(task, now, last_slot=task.last_slot, grace=grace)
+        except ScheduleError as exc:
+            if task.last_error != str(exc):
+                logger.error(
+                    "cannot plan periodic task %r: %s", task.name, exc, extra={"action": "plan"}
+                )
+                batch.append(_failed_plan(task, now, str(exc)))
+            continue
+        if slot is None:
+            finished.append(task.pk)
+            continue
+        batch.append(_planned(task, slot))
+        if len(batch) >= chunk_size:
+            planned += _insert(batch, using)
+            batch = []
+    planned += _insert(batch, using)
+    if finished:
+        PeriodicTask.objects.using(using).filter(pk__in=finished).update(enabled=False)
+        logger.info(
+            "disabled %d periodic tasks whose schedule is over", len(finished),
+            extra={"action": "disable"},
+        )
+    return planned
+
+
+def _planned(task: PeriodicTask, slot: datetime, **fields: object) -> Run:
+    return Run(
+        periodic_task=task,
+        periodic_task_name=task.name,
+        task=task.task,
+        scheduled_for=slot,
+        trigger=Run.Trigger.SCHEDULE,
+        status=Run.Status.PENDING,
+        task_id=slots.task_id_for(task.pk, slot),
+        **fields,
+    )
+
+
+def _failed_plan(task: PeriodicTask, now: datetime, error: str) -> Run:
+    return _planned(
+        task,
+        now,
+        status=Run.Status.FAILED,
+        reason="invalid schedule",
+        error=error[:_ERROR_LIMIT],
+        finished_at=now,
+    )
+
+
+def _insert(runs: list[Run], using: str) -> int:
+    """Insert planned runs; rows that conflict with a concurrent planner's are dropped."""
+    if runs:
+        Run.objects.using(using).bulk_create(runs, ignore_conflicts=True)
+    return len(runs)
+
+
+# Claim and dispatch -----------------------------------------------------------------------------
+
+
+def claim_and_dispatch(
+    publish: Publish,
+    *,
+    replica_id: str,
+    batch_size: int,
+    grace: timedelta,
+    pause_after_publish: float = 0.0,
+    using: str = "default",
+) -> list[Dispatched]:
+    """Claim due pending runs, publish them, mark them dispatched, plan the next; one transaction.
+
+    ``publish(message)`` sends one Celery message; it raises RunRejected for a run that cannot be
+    sent (the run is recorded failed and the others go on) and lets broker errors propagate, which
+    rolls the whole claim back so nothing is marked dispatched unless its publish succeeded.
+    Returns what was committed; an empty list when nothing was due or every due run is being
+    claimed by another replica.
+
+    A run later than ``grace`` after its slot is a misfire and is coalesced: it is dispatched once
+    and records how many slots it stands for; the next run is planned after the database clock.
+    """
+    with transaction.atomic(using=using):
+        runs = list(
+            Run.objects.using(using)
+            .pending()
+            .filter(scheduled_for__lte=ClockTimestamp())
+            .select_related(*_SCHEDULE_RELATED)
+            .annotate(db_now=ClockTimestamp())
+            .order_by("scheduled_for", "pk")
+            .select_for_update(skip_locked=True, of=("self",))[:batch_size]
+        )
+        if not runs:
+            return []
+        claimed_at, started = runs[0].db_now, time.monotonic()
+        following: list[Run] = []
+        task_updates: dict[int, _TaskUpdate] = {}
+        for run in runs:
+            now = claimed_at + timedelta(seconds=time.monotonic() - started)
+            nxt, over = _dispatch_one(run, publish, now, grace, replica_id)
+            task = run.periodic_task
+            if task is None or run.trigger != Run.Trigger.SCHEDULE:
+                continue
+            update = task_updates.setdefault(task.pk, _TaskUpdate())
+            if run.status == Run.Status.DISPATCHED:
+                update.ran(run.scheduled_for)
+            update.disable = update.disable or over
+            if nxt is not None:
+                following.append(_planned(task, nxt))
+        Run.objects.using(using).bulk_update(
+            runs,
+            ["status", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at"],
+        )
+        if following:
+            Run.objects.using(using).bulk_create(following, ignore_conflicts=True)
+        _update_tasks(task_updates, using)
+        if pause_after_publish:
+            logger.warning(
+                "test pause: published %s, sleeping %.1fs before commit",
+                ",".join(run.task_id for run in runs), pause_after_publish,
+                extra={"action": "test_pause"},
+            )
+            time.sleep(pause_after_publish)
+    result = [
+        Dispatched(
+            run_id=run.pk,
+            periodic_task_name=run.periodic_task_name,
+            status=run.status,
+            lateness=None if run.lateness is None else run.lateness.total_seconds(),
+            task_id=run.task_id,
+        )
+        for run in runs
+    ]
+    for item in result:
+        if item.status == Run.Status.DISPATCHED:
+            logger.info(
+                "dispatched %s (task id %s), lateness %.3fs",
+                item.periodic_task_name, item.task_id, item.lateness or 0.0,
+                extra={"action": "dispatch", "replica": replica_id},
+            )
+    return result
+
+
+@dataclass
+class _TaskUpdate:
+    last_slot: datetime | None = None
+    runs: int = 0
+    disable: bool = False
+
+    def ran(self, slot: datetime) -> None:
+        self.runs += 1
+        if self.last_slot is None or slot > self.last_slot:
+            self.last_slot = slot
+
+
+def _over(task: PeriodicTask, run: Run) -> bool:
+    return task.expires is not None and run.scheduled_for >= task.expires
+
+
+def _dispatch_one(
+    run: Run, publish: Publish, now: datetime, grace: timedelta, replica_id: str
+) -> tuple[datetime | None, bool]:
+    """Publish one claimed run and set its outcome fields.
+
+    Returns ``(next slot to plan or None, whether the task's schedule is over)``. A schedule that
+    fails to give a next slot is logged and left enabled; the reconcile pass records its error.
+    """
+    task = run.periodic_task
+    run.claimed_by = replica_id
+    if task is None:
+        _close(run, Run.Status.CANCELLED, "periodic task deleted", now)
+        return None, False
+    scheduled = run.trigger == Run.Trigger.SCHEDULE
+    if scheduled and not task.enabled:
+        _close(run, Run.Status.CANCELLED, "periodic task disabled", now)
+        return None, False
+    if scheduled and _over(task, run):
+        _close(run, Run.Status.CANCELLED, "periodic task expired", now)
+        return None, True
+    nxt: datetime | None = None
+    over = scheduled and task.one_off
+    if scheduled and not task.one_off:
+        try:
+            if now - run.scheduled_for > grace:
+                missed, nxt = slots.slots_through(task, run.scheduled_for, now)
+                run.slots = 1 + missed
+                run.reason = f"misfire: coalesced {run.slots} slots"
+            else:
+                nxt = slots.next_run(task, run.scheduled_for)
+            over = nxt is None
+        except ScheduleError as exc:
+            logger.error(
+                "cannot plan the run after %s of %r: %s", run.scheduled_for, task.name, exc,
+                extra={"action": "plan"},
+            )
+    try:
+        publish(build_message(run, task))
+    except RunRejected as exc:
+        logger.error(
+            "run of %r at %s rejected: %s", task.name, run.scheduled_for, exc,
+            extra={"action": "reject"},
+        )
+        _close(run, Run.Status.FAILED, "rejected before dispatch", now, error=str(exc))
+        return nxt, over
+    run.status = Run.Status.DISPATCHED
+    run.dispatched_at = now
+    return nxt, over
+
+
+def _close(run: Run, status: str, reason: str, now: datetime, error: str = "") -> None:
+    run.status = status
+    run.reason = reason
+    run.error = error[:_ERROR_LIMIT]
+    run.finished_at = now
+
+
+def _update_tasks(updates: dict[int, _TaskUpdate], using: str) -> None:
+    """Record last_run_at/total_run_count and disable finished tasks, without a schedule reload.
+
+    Plain UPDATEs, not ``save()``: django-celery-beat's change marker is left alone, so no replica
+    reloads anything, and ``date_changed`` (the interval anchor) does not move.
+    """
+    if not updates:
+        return
+    ids = sorted(updates)
+    table = PeriodicTask._meta.db_table
+    with connections[using].cursor() as cursor:
+        # Lock in id order so two claim transactions touching the same tasks cannot deadlock.
+        cursor.execute(
+            f"SELECT id FROM {table} WHERE id = ANY(%s) ORDER BY id FOR UPDATE",  # noqa: S608
+            [ids],
+        )
+        cursor.execute(
+            f"UPDATE {table} AS t SET"  # noqa: S608
+            " last_run_at = COALESCE(v.last_slot, t.last_run_at),"
+            " total_run_count = t.total_run_count + v.runs,"
+            " enabled = t.enabled AND NOT v.disable"
+            " FROM unnest(%s::integer[], %s::timestamptz[], %s::integer[], %s::boolean[])"
+            " AS v(id, last_slot, runs, disable) WHERE t.id = v.id",
+            [
+                ids,
+                [updates[i].last_slot for i in ids],
+                [updates[i].runs for i in ids],
+                [updates[i].disable for i in ids],
+            ],
+        )
+
+
+# Manual runs ------------------------------------------------------------------------------------
+
+
+def request_run(task: PeriodicTask, *, requested_by: str = "", using: str = "default") -> Run:
+    """Create a manual run of ``task`` due now; a replica dispatches it exactly once.
+
+    Manual runs do not move the schedule: the task's next scheduled run stays where it is.
+    """
+    now = database_now(using)
+    run = Run.objects.using(using).create(
+        periodic_task=task,
+        periodic_task_name=task.name,
+        task=task.task,
+        scheduled_for=now,
+        trigger=Run.Trigger.MANUAL,
+        task_id=str(uuid.uuid4()),
+        requested_by=requested_by,
+    )
+    logger.info(
+        "manual run of %r requested by %s", task.name, requested_by or "-",
+        extra={"action": "run_now"},
+    )
+    return run
+
+
+# Worker side ------------------------------------------------------------------------------------
+
+
+def record_started(task_id: str, worker: str, using: str = "default") -> bool:
+    """Mark the run with ``task_id`` running on ``worker``; return False if no run matched."""
+    return bool(
+        Run.objects.using(using)
+        .filter(task_id=task_id)
+        .exclude(status=Run.Status.CANCELLED)
+        .update(
+            status=Run.Status.RUNNING,
+            started_at=ClockTimestamp(),
+            worker=worker[:255],
+        )
+    )
+
+
+def record_finished(task_id: str, status: str, error: str = "", using: str = "default") -> bool:
+    """Record the final ``status`` (succeeded or failed) and a short error text on the run."""
+    return bool(
+        Run.objects.using(using)
+        .filter(task_id=task_id)
+        .exclude(status=Run.Status.CANCELLED)
+        .update(status=status, finished_at=ClockTimestamp(), error=error[:_ERROR_LIMIT])
+    )
+
+
+def record_retry(task_id: str, error: str = "", using: str = "default") -> bool:
+    """Mark the run retrying (a Celery retry of the same run is on its way)."""
+    return bool(
+        Run.objects.using(using)
+        .filter(task_id=task_id)
+        .exclude(status=Run.Status.CANCELLED)
+        .update(status=Run.Status.RETRYING, error=error[:_ERROR_LIMIT])
+    )

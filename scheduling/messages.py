@@ -1,0 +1,77 @@
+"""Build the Celery message of a run from its periodic task row.
+
+Kept apart from ``ledger`` (transactions) and ``schedulers`` (publishing) so that bad input is
+turned into a RunRejected with a clear reason in exactly one place.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, timedelta
+from typing import Any
+
+from django_celery_beat.models import PeriodicTask
+
+from scheduling.exceptions import RunRejected
+
+#: Message headers every run carries; the worker side finds its run by them.
+HEADER_RUN = "scheduling_run"
+HEADER_TASK_NAME = "periodic_task_name"
+HEADER_SCHEDULED_FOR = "scheduled_for"
+
+
+@dataclass
+class Message:
+    """What to publish for one run: ``app.send_task(name, args, kwargs, **options)``."""
+
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def build_message(run: Any, task: PeriodicTask) -> Message:
+    """Return the message for ``run`` of ``task`` (a ``scheduling.models.Run``).
+
+    The options carry the run's deterministic ``task_id`` and the headers ``periodic_task_name``,
+    ``scheduled_for`` (ISO 8601, UTC) and ``scheduling_run`` (the run's id), plus the task's queue,
+    exchange, routing key, priority and message expiry as django-celery-beat sends them.
+
+    Raises RunRejected when args, kwargs or headers are not valid JSON of the right shape.
+    """
+    args = _load_json(task.args, "[]", list, "args")
+    kwargs = _load_json(task.kwargs, "{}", dict, "kwargs")
+    headers = _load_json(task.headers, "{}", dict, "headers")
+    headers.update(
+        {
+            HEADER_RUN: run.pk,
+            HEADER_TASK_NAME: task.name,
+            HEADER_SCHEDULED_FOR: run.scheduled_for.astimezone(UTC).isoformat(),
+        }
+    )
+    options: dict[str, Any] = {"task_id": run.task_id, "headers": headers}
+    for option in ("queue", "exchange", "routing_key", "priority"):
+        value = getattr(task, option)
+        if value is not None and value != "":
+            options[option] = value
+    if task.expire_seconds is not None:
+        options["expires"] = task.expire_seconds
+    elif task.expires is not None:
+        options["expires"] = task.expires
+    return Message(name=task.task, args=args, kwargs=kwargs, options=options)
+
+
+def _load_json(raw: str | None, empty: str, kind: type, label: str) -> Any:
+    try:
+        value = json.loads(raw or empty)
+    except (TypeError, ValueError) as exc:
+        raise RunRejected(f"invalid {label} JSON: {exc}") from exc
+    if not isinstance(value, kind):
+        raise RunRejected(f"{label} must be a JSON {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def seconds(delta: timedelta | None) -> float | None:
+    """Return ``delta`` in seconds, or None."""
+    return None if delta is None else delta.total_seconds()

@@ -1,0 +1,136 @@
+"""The run ledger: one row per run of a periodic task, and the audit trail shown in admin."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+from django_celery_beat.models import PeriodicTask
+
+
+class RunQuerySet(models.QuerySet["Run"]):
+    """Named states of the ledger."""
+
+    def pending(self) -> RunQuerySet:
+        return self.filter(status=Run.Status.PENDING)
+
+    def scheduled(self) -> RunQuerySet:
+        return self.filter(trigger=Run.Trigger.SCHEDULE)
+
+    def finished(self) -> RunQuerySet:
+        return self.filter(status__in=Run.FINAL_STATUSES)
+
+
+class Run(models.Model):
+    """One run of a periodic task at its nominal instant ``scheduled_for`` (aware, UTC).
+
+    Lifecycle: pending -> dispatched -> running -> succeeded | failed (retrying in between for
+    Celery retries); pending -> missed | skipped | cancelled. The name of the periodic task and its
+    Celery task are copied onto the row so the audit survives deleting the task.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DISPATCHED = "dispatched"
+        RUNNING = "running"
+        RETRYING = "retrying"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        MISSED = "missed"
+        SKIPPED = "skipped"
+        CANCELLED = "cancelled"
+
+    class Trigger(models.TextChoices):
+        SCHEDULE = "schedule"
+        MANUAL = "manual"
+        BACKFILL = "backfill"
+
+    FINAL_STATUSES = (
+        Status.SUCCEEDED,
+        Status.FAILED,
+        Status.MISSED,
+        Status.SKIPPED,
+        Status.CANCELLED,
+    )
+
+    periodic_task = models.ForeignKey(
+        PeriodicTask,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="runs",
+    )
+    periodic_task_name = models.CharField(max_length=200)
+    task = models.CharField("Celery task", max_length=200)
+    scheduled_for = models.DateTimeField(help_text="Nominal instant of the run (UTC).")
+    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.SCHEDULE)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    reason = models.TextField(blank=True, help_text="Why the run was missed, skipped, cancelled.")
+    task_id = models.CharField(
+        "Celery task id", max_length=255, help_text="Derived from (periodic task, scheduled_for)."
+    )
+    slots = models.PositiveIntegerField(
+        default=1, help_text="Number of schedule slots this run stands for (coalesced misfires)."
+    )
+    planned_at = models.DateTimeField(db_default=Now())
+    claimed_by = models.CharField("replica", max_length=255, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=255, blank=True)
+    error = models.TextField(blank=True)
+    requested_by = models.CharField(max_length=150, blank=True)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-scheduled_for", "-id"]
+        constraints = [
+            # Invariant 1: one scheduled run per (periodic task, slot). Cancelled plans do not
+            # count, so an edit that moves a slot away and back can plan it again.
+            models.UniqueConstraint(
+                fields=["periodic_task", "scheduled_for"],
+                condition=Q(trigger="schedule") & ~Q(status="cancelled"),
+                name="scheduling_run_one_per_slot",
+            ),
+            # Concurrent planners leave one pending scheduled run per task, never two.
+            models.UniqueConstraint(
+                fields=["periodic_task"],
+                condition=Q(trigger="schedule", status="pending"),
+                name="scheduling_run_one_pending_per_task",
+            ),
+            models.UniqueConstraint(
+                fields=["task_id"],
+                condition=~Q(status="cancelled"),
+                name="scheduling_run_unique_task_id",
+            ),
+        ]
+        indexes = [
+            # "Pending runs due now": a small partial index however large the ledger grows.
+            models.Index(
+                fields=["scheduled_for"],
+                condition=Q(status="pending"),
+                name="scheduling_run_pending_due",
+            ),
+            models.Index(fields=["periodic_task", "-scheduled_for"], name="scheduling_run_recent"),
+            models.Index(fields=["task_id"], name="scheduling_run_task_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.periodic_task_name} @ {self.scheduled_for:%Y-%m-%d %H:%M:%S} ({self.status})"
+
+    @property
+    def lateness(self) -> timedelta | None:
+        """dispatched_at - scheduled_for, or None before dispatch."""
+        if self.dispatched_at is None:
+            return None
+        return self.dispatched_at - self.scheduled_for
+
+    @property
+    def runtime(self) -> timedelta | None:
+        """finished_at - started_at, or None until both are known."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at

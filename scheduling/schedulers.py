@@ -1,0 +1,200 @@
+"""Celery beat glue: ``LedgerScheduler``, run in every container, with no leader.
+
+    celery -A project beat -S scheduling.schedulers:LedgerScheduler
+
+Each tick polls the ledger once (``ledger.poll``); when a run is due it claims, publishes and
+commits in one transaction (``ledger.claim_and_dispatch``); when a periodic task changed it
+re-plans (``ledger.reconcile``). No SQL here, and no periodic task is held in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from datetime import timedelta
+from typing import Any
+
+from celery import schedules
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    close_old_connections,
+    connection,
+)
+from django_celery_beat.models import PeriodicTask
+from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
+from kombu.utils.json import dumps
+
+from scheduling import ledger
+from scheduling.conf import conf
+from scheduling.exceptions import RunRejected
+from scheduling.messages import Message
+
+logger = logging.getLogger(__name__)
+
+_UNSEEN = object()
+_BACKOFF_CAP = 30.0
+
+
+class LedgerScheduler(DatabaseScheduler):
+    """A django-celery-beat ``DatabaseScheduler`` whose runs are claimed from the run ledger.
+
+    Every replica runs this same class. A run is dispatched by whichever replica commits its claim
+    first; the others skip the locked row. ``tick()`` returns the seconds to sleep: until the next
+    pending run is due, at most ``SCHEDULING_MAX_INTERVAL`` (1 s by default), and 0 while due runs
+    remain. Database errors are logged once per outage and retried with capped backoff and jitter;
+    the replica never exits for them.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.replica_id = conf.replica_id
+        self._marker: object = _UNSEEN
+        self._last_reconcile = 0.0
+        self._failures = 0
+        super().__init__(*args, **kwargs)
+        self.max_interval = conf.max_interval
+
+    # django-celery-beat loads every enabled task into an in-memory heap; the ledger replaces it.
+    @property
+    def schedule(self) -> dict[str, Any]:
+        return {}
+
+    def setup_schedule(self) -> None:
+        """Sync ``CELERY_BEAT_SCHEDULE`` into periodic tasks; an unchanged entry writes nothing."""
+        if self.app.conf.beat_schedule:
+            sync_beat_schedule(self.app.conf.beat_schedule)
+
+    def install_default_entries(self, data: Any) -> None:
+        """Add nothing: result cleanup is configured like any other periodic task."""
+
+    def sync(self) -> None:
+        """Nothing to write back: every dispatch is committed when it happens."""
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """Run one scheduler pass; return the seconds to sleep before the next."""
+        try:
+            delay = self._tick()
+        except (DatabaseError, InterfaceError) as exc:
+            return self._database_failed(exc)
+        if self._failures:
+            logger.warning(
+                "database reachable again after %d failed ticks", self._failures,
+                extra={"action": "db_recovered", "replica": self.replica_id},
+            )
+            self._failures = 0
+        return delay
+
+    def _tick(self) -> float:
+        ledger.configure_session()
+        grace = timedelta(seconds=conf.misfire_grace_seconds)
+        poll = ledger.poll()
+        if poll.change_marker != self._marker or (
+            time.monotonic() - self._last_reconcile >= conf.reconcile_interval
+        ):
+            ledger.reconcile(grace)
+            self._marker = poll.change_marker
+            self._last_reconcile = time.monotonic()
+            poll = ledger.poll()
+        wait = poll.seconds_until_due()
+        if wait is None or wait > 0:
+            return min(self.max_interval, wait if wait is not None else self.max_interval)
+        batch = conf.batch_size
+        dispatched = ledger.claim_and_dispatch(
+            self._publish,
+            replica_id=self.replica_id,
+            batch_size=batch,
+            grace=grace,
+            pause_after_publish=conf.test_pause_after_publish,
+        )
+        # More may be due (a full batch) or planned already due (a catching-up interval): look
+        # again at once. Runs locked by other replicas are theirs; come back after a short nap.
+        return 0.0 if dispatched else min(self.max_interval, 0.05)
+
+    def _publish(self, message: Message) -> None:
+        if conf.reject_unknown_tasks and message.name not in self.app.tasks:
+            raise RunRejected(f"unknown task name {message.name!r}: not registered in this app")
+        self.app.send_task(
+            message.name,
+            args=message.args,
+            kwargs=message.kwargs,
+            producer=self.producer,
+            **message.options,
+        )
+
+    def _database_failed(self, exc: Exception) -> float:
+        self._failures += 1
+        if self._failures == 1:
+            logger.error(
+                "database unavailable, retrying with backoff: %s", exc,
+                extra={"action": "db_down", "replica": self.replica_id},
+            )
+        else:
+            logger.debug("database still unavailable: %s", exc)
+        try:
+            connection.close()
+        except Exception:  # noqa: BLE001 - the connection is already broken
+            pass
+        close_old_connections()
+        backoff = min(_BACKOFF_CAP, 0.5 * 2 ** min(self._failures - 1, 6))
+        return backoff * (0.5 + random.random() / 2)
+
+    @property
+    def info(self) -> str:
+        return f"    . replica -> {self.replica_id}\n    . run ledger -> scheduling.models.Run"
+
+
+def sync_beat_schedule(beat_schedule: dict[str, dict[str, Any]]) -> None:
+    """Create or update a periodic task for each ``CELERY_BEAT_SCHEDULE`` entry, idempotently.
+
+    An entry whose task already matches writes nothing (so N replicas starting at once do not
+    trigger N reloads); a failing entry is logged and the others are still synced.
+    """
+    for name, entry in beat_schedule.items():
+        try:
+            _sync_entry(name, dict(entry))
+        except Exception:  # noqa: BLE001 - one bad entry must not stop the others
+            logger.exception("cannot sync beat_schedule entry %r", name, extra={"action": "sync"})
+
+
+_SCHEDULE_FIELDS = ("interval", "crontab", "solar", "clocked")
+
+
+def _sync_entry(name: str, entry: dict[str, Any]) -> None:
+    model_schedule, model_field = _model_schedule(schedules.maybe_schedule(entry["schedule"]))
+    fields: dict[str, Any] = ModelEntry._unpack_options(**(entry.get("options") or {}))
+    fields.update(
+        task=entry["task"],
+        args=dumps(entry.get("args") or []),
+        kwargs=dumps(entry.get("kwargs") or {}),
+        **{f: (model_schedule if f == model_field else None) for f in _SCHEDULE_FIELDS},
+    )
+    existing = PeriodicTask.objects.filter(name=name).first()
+    if existing is not None and _matches(existing, fields):
+        return
+    try:
+        PeriodicTask.objects.update_or_create(name=name, defaults=fields)
+    except IntegrityError:
+        logger.debug("beat_schedule entry %r created by another replica", name)
+
+
+def _model_schedule(schedule: Any) -> tuple[Any, str]:
+    """Return the schedule row for a Celery schedule, saving it only when it is new."""
+    for schedule_type, model_type, model_field in ModelEntry.model_schedules:
+        if isinstance(schedule, schedule_type):
+            row = model_type.from_schedule(schedule)
+            if row.pk is None:
+                row.save()
+            return row, model_field
+    raise ValueError(f"cannot store schedule {schedule!r} as a periodic task schedule")
+
+
+def _matches(task: PeriodicTask, fields: dict[str, Any]) -> bool:
+    for key, value in fields.items():
+        if key in _SCHEDULE_FIELDS:
+            if getattr(task, f"{key}_id") != (value.pk if value is not None else None):
+                return False
+        elif getattr(task, key) != value:
+            return False
+    return True

@@ -1,0 +1,319 @@
+"""Slot arithmetic: a schedule definition and a previous slot give the next slot.
+
+Pure functions: no database, no clock reads. Every replica computes the same next slot from the
+same definition and previous slot (DESIGN invariant 6), so the slot can be a run's identity.
+All datetimes taken and returned are aware; returned ones are in UTC.
+
+Rules (DESIGN "Time semantics"):
+- Interval: slots are ``anchor + k * every`` for k >= 0, where the anchor is ``start_time`` when set,
+  otherwise one interval after the task was created or last edited (``date_changed``).
+- Crontab: evaluated in the crontab's own timezone. Day of month and day of week must both match
+  (Celery's rule, which django-celery-beat rows follow). DST follows Vixie/ISC cron: a fixed-time
+  job (no ``*`` in its minute or hour field) whose local time is skipped by a spring-forward runs
+  once at the transition instant, and runs once (the first occurrence) when a fall-back repeats its
+  local time; a job with a wildcard or stepped minute or hour field runs at every real instant whose
+  local wall time matches, so it skips the missing hour and repeats in the repeated one.
+- Clocked: one slot at ``clocked_time``.
+- ``start_time``: no slot before it. ``expires``: no slot at or after it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from celery import schedules
+from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+
+from scheduling.exceptions import ScheduleError
+
+#: Farthest a crontab is searched for its next match (29 years covers Feb 29 on a given weekday).
+MAX_SEARCH_DAYS = 366 * 29
+#: Most slots counted one by one when coalescing; past it the count is a lower bound.
+MAX_COUNTED_SLOTS = 10_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_TICK = timedelta(microseconds=1)
+_NAMESPACE = uuid.UUID("6f1c8a52-5d7e-4b7a-9a51-3c1f1e0b7d21")
+
+
+def next_run(task: PeriodicTask, after: datetime) -> datetime | None:
+    """Return the first slot of ``task`` strictly after ``after``, in UTC, or None if none is left.
+
+    ``after`` is an aware datetime. None means the schedule is over: the clocked time has passed,
+    or the next slot would fall at or after ``expires``.
+
+    Raises ScheduleError when the schedule is missing or cannot produce a slot (interval of zero,
+    a crontab that never matches, a solar schedule without the ``ephem`` package).
+    """
+    _require_aware(after, "after")
+    if task.start_time is not None and after < task.start_time:
+        after = task.start_time - _TICK
+    slot = _next_slot(task, after)
+    if slot is None:
+        return None
+    if task.expires is not None and slot >= task.expires:
+        return None
+    return slot
+
+
+def slots_through(task: PeriodicTask, slot: datetime, until: datetime) -> tuple[int, datetime | None]:
+    """Count the slots of ``task`` in ``(slot, until]`` and return ``(count, first slot > until)``.
+
+    Used to coalesce a misfire: one dispatch stands for ``1 + count`` slots. Past
+    MAX_COUNTED_SLOTS the count stops there (a lower bound) and the next slot is computed from
+    ``until`` directly.
+    """
+    interval = _interval_step(task)
+    if interval is not None and task.interval_id is not None:
+        if until <= slot:
+            return 0, next_run(task, slot)
+        count = (until - slot) // interval
+        following = slot + (count + 1) * interval
+        if task.expires is not None and following >= task.expires:
+            following = None
+        return count, following
+    count = 0
+    following = next_run(task, slot)
+    while following is not None and following <= until:
+        count += 1
+        if count >= MAX_COUNTED_SLOTS:
+            return count, next_run(task, until)
+        following = next_run(task, following)
+    return count, following
+
+
+def initial_run(
+    task: PeriodicTask,
+    now: datetime,
+    *,
+    last_slot: datetime | None,
+    grace: timedelta,
+) -> datetime | None:
+    """Return the slot to plan for a task that has no pending run, or None.
+
+    ``now`` is the database clock; ``last_slot`` is the latest scheduled run already in the ledger
+    for this task (None if there is none). A slot is never planned at or before ``last_slot``, nor
+    before the task was created or last edited, nor more than ``grace`` before ``now`` (older slots
+    were missed while no replica ran; the misfire rules cover the ones inside the grace period). A
+    clocked task's single slot is planned however old it is, unless it has run; the misfire policy
+    then decides what happens to it.
+    """
+    if task.one_off and last_slot is not None:
+        return None
+    if task.clocked_id is not None:
+        return next_run(task, last_slot or _EPOCH)
+    floors = [now - grace, task.date_changed, last_slot, task.last_run_at]
+    return next_run(task, max(f for f in floors if f is not None))
+
+
+def task_id_for(periodic_task_id: int, scheduled_for: datetime) -> str:
+    """Return the deterministic Celery task id of a scheduled run (a UUID5 string).
+
+    Every replica derives the same id for (periodic task id, slot), so a run re-published after a
+    crash carries the id of the first publish (DESIGN invariant 2).
+    """
+    stamp = scheduled_for.astimezone(UTC).isoformat(timespec="microseconds")
+    return str(uuid.uuid5(_NAMESPACE, f"{periodic_task_id}@{stamp}"))
+
+
+def _next_slot(task: PeriodicTask, after: datetime) -> datetime | None:
+    if task.interval_id is not None:
+        return _next_interval(task, after)
+    if task.crontab_id is not None:
+        return next_crontab(task.crontab, after)
+    if task.clocked_id is not None:
+        clocked_time = task.clocked.clocked_time
+        return clocked_time.astimezone(UTC) if clocked_time > after else None
+    if task.solar_id is not None:
+        return _next_solar(task, after)
+    raise ScheduleError(f"periodic task {task.name!r} has no schedule (interval, crontab, ...)")
+
+
+# Interval ---------------------------------------------------------------------------------------
+
+
+def _interval_step(task: PeriodicTask) -> timedelta | None:
+    if task.interval_id is None:
+        return None
+    interval: IntervalSchedule = task.interval
+    try:
+        step = timedelta(**{interval.period: interval.every})
+    except (TypeError, OverflowError) as exc:
+        raise ScheduleError(f"interval {interval.every} {interval.period} is invalid") from exc
+    if step <= timedelta(0):
+        raise ScheduleError(f"interval must be positive, got {interval.every} {interval.period}")
+    return step
+
+
+def _next_interval(task: PeriodicTask, after: datetime) -> datetime:
+    step = _interval_step(task)
+    assert step is not None
+    if task.start_time is not None:
+        anchor = task.start_time
+    elif task.date_changed is not None:
+        anchor = task.date_changed + step
+    else:
+        raise ScheduleError(f"interval task {task.name!r} has neither start_time nor date_changed")
+    anchor = anchor.astimezone(UTC)
+    if after < anchor:
+        return anchor
+    return anchor + ((after - anchor) // step + 1) * step
+
+
+# Crontab ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CronSpec:
+    """A crontab's expanded fields (Celery's parser) and whether it is a fixed-time job."""
+
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    days_of_month: frozenset[int]
+    months: frozenset[int]
+    days_of_week: frozenset[int]  # 0 = Sunday, as in cron
+    fixed: bool
+
+    @classmethod
+    def parse(cls, minute: str, hour: str, day_of_month: str, month: str, day_of_week: str) -> CronSpec:
+        """Expand the five fields; raise ScheduleError if Celery's parser rejects one."""
+        try:
+            parsed = schedules.crontab(
+                minute=minute,
+                hour=hour,
+                day_of_month=day_of_month,
+                month_of_year=month,
+                day_of_week=day_of_week,
+            )
+        except (ValueError, TypeError) as exc:
+            raise ScheduleError(
+                f"invalid crontab {minute} {hour} {day_of_month} {month} {day_of_week}: {exc}"
+            ) from exc
+        return cls(
+            minutes=tuple(sorted(parsed.minute)),
+            hours=tuple(sorted(parsed.hour)),
+            days_of_month=frozenset(parsed.day_of_month),
+            months=frozenset(parsed.month_of_year),
+            days_of_week=frozenset(parsed.day_of_week),
+            fixed="*" not in str(minute) and "*" not in str(hour),
+        )
+
+    def matches_day(self, day: date) -> bool:
+        return (
+            day.month in self.months
+            and day.day in self.days_of_month
+            and (day.weekday() + 1) % 7 in self.days_of_week
+        )
+
+
+def next_crontab(crontab: CrontabSchedule, after: datetime) -> datetime:
+    """Return the first instant strictly after ``after`` at which ``crontab`` fires, in UTC.
+
+    Raises ScheduleError if the crontab is invalid or matches no day in MAX_SEARCH_DAYS.
+    """
+    spec = CronSpec.parse(
+        crontab.minute, crontab.hour, crontab.day_of_month, crontab.month_of_year,
+        crontab.day_of_week,
+    )
+    return next_cron_instant(spec, ZoneInfo(str(crontab.timezone)), after)
+
+
+def next_cron_instant(spec: CronSpec, tz: ZoneInfo, after: datetime) -> datetime:
+    """Return the first instant strictly after ``after`` matching ``spec`` in zone ``tz`` (UTC).
+
+    Walks candidate local wall times in order and resolves each to real instants with the ISC cron
+    DST rule (see the module docstring). Instants resolved from increasing wall times never fall
+    below the earliest instant of the candidate, so the walk stops at the first candidate whose
+    earliest instant is past the best one found.
+    """
+    local_after = after.astimezone(tz)
+    start = local_after.replace(tzinfo=None, second=0, microsecond=0)
+    if local_after.fold == 0:
+        # In the first pass of a repeated hour, later instants have earlier wall times.
+        repeat = _fold_length(start, tz)
+        start -= repeat
+    best: datetime | None = None
+    for wall in _wall_times(spec, start):
+        earliest, instants = _resolve(wall, tz, spec.fixed)
+        if best is not None and earliest > best:
+            break
+        for instant in instants:
+            if instant > after and (best is None or instant < best):
+                best = instant
+    assert best is not None
+    return best
+
+
+def _wall_times(spec: CronSpec, start: datetime) -> Iterator[datetime]:
+    """Yield naive local wall times >= ``start`` that match ``spec``, in increasing order."""
+    day = start.date()
+    for _ in range(MAX_SEARCH_DAYS):
+        if spec.matches_day(day):
+            first_day = day == start.date()
+            for hour in spec.hours:
+                if first_day and hour < start.hour:
+                    continue
+                for minute in spec.minutes:
+                    if first_day and hour == start.hour and minute < start.minute:
+                        continue
+                    yield datetime(day.year, day.month, day.day, hour, minute)
+        day += timedelta(days=1)
+    raise ScheduleError(f"crontab matches no day within {MAX_SEARCH_DAYS} days of {start:%Y-%m-%d}")
+
+
+def _resolve(wall: datetime, tz: ZoneInfo, fixed: bool) -> tuple[datetime, list[datetime]]:
+    """Map a local wall time to ``(earliest instant, instants it fires at)`` by the ISC rule."""
+    first = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    second = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
+    if first == second:
+        return first, [first]
+    if first < second:  # repeated by a fall-back: first and second occurrence
+        return first, [first] if fixed else [first, second]
+    # skipped by a spring-forward: fold=1 maps before the jump, fold=0 after it
+    transition = _transition(tz, second, first)
+    return transition, [transition] if fixed else []
+
+
+def _transition(tz: ZoneInfo, low: datetime, high: datetime) -> datetime:
+    """Return the first instant in (low, high] whose UTC offset differs from ``low``'s."""
+    before = low.astimezone(tz).utcoffset()
+    low_s, high_s = int(low.timestamp()), int(high.timestamp())
+    while high_s - low_s > 1:
+        mid = (low_s + high_s) // 2
+        if datetime.fromtimestamp(mid, tz).utcoffset() == before:
+            low_s = mid
+        else:
+            high_s = mid
+    return datetime.fromtimestamp(high_s, UTC)
+
+
+def _fold_length(wall: datetime, tz: ZoneInfo) -> timedelta:
+    """Return how long ``wall`` is repeated by a fall-back (zero when it is not ambiguous)."""
+    first = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    second = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
+    return max(second - first, timedelta(0))
+
+
+# Solar ------------------------------------------------------------------------------------------
+
+
+def _next_solar(task: PeriodicTask, after: datetime) -> datetime:
+    try:
+        import ephem  # noqa: F401
+    except ImportError as exc:
+        raise ScheduleError(
+            "solar schedules need the 'ephem' package: pip install ephem"
+        ) from exc
+    solar = task.solar
+    sched = schedules.solar(solar.event, float(solar.latitude), float(solar.longitude))
+    sched.nowfun = lambda: after
+    return (after + sched.remaining_estimate(after)).astimezone(UTC)
+
+
+def _require_aware(value: datetime, name: str) -> None:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} must be an aware datetime, got {value!r}")
+
