@@ -82,11 +82,15 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / ".data" / "static"
 
+# Test hook of the acceptance suite (a pause after publishing, before the claim commits).
+SCHEDULING_TEST_PAUSE_AFTER_PUBLISH = float(os.environ.get("SCHEDULING_TEST_PAUSE_AFTER_PUBLISH", 0))
+
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 DEFAULT_FROM_EMAIL = "scheduler@example.com"
 
 # Celery: every CELERY_* setting maps to the lower-case Celery option.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or embedded.sql_broker_url(DATABASE_URL)
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
 CELERY_BEAT_SCHEDULER = "scheduling.schedulers:LedgerScheduler"
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

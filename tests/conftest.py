@@ -1,0 +1,69 @@
+"""Shared fixtures: factories for periodic tasks and schedules."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django_celery_beat.models import (
+    ClockedSchedule,
+    CrontabSchedule,
+    IntervalSchedule,
+    PeriodicTask,
+)
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def make_task():
+    """Create and return a saved PeriodicTask; pass one of interval=, crontab=, clocked=."""
+
+    def make(
+        *,
+        every: float | None = None,
+        period: str = IntervalSchedule.SECONDS,
+        cron: str | None = None,
+        timezone: str = "UTC",
+        clocked: datetime | ClockedSchedule | None = None,
+        name: str | None = None,
+        task: str = "project.tasks.record",
+        **fields: Any,
+    ) -> PeriodicTask:
+        if every is not None:
+            fields["interval"], _ = IntervalSchedule.objects.get_or_create(
+                every=every, period=period
+            )
+        if cron is not None:
+            minute, hour, day_of_month, month_of_year, day_of_week = cron.split()
+            fields["crontab"], _ = CrontabSchedule.objects.get_or_create(
+                minute=minute,
+                hour=hour,
+                day_of_month=day_of_month,
+                month_of_year=month_of_year,
+                day_of_week=day_of_week,
+                timezone=timezone,
+            )
+        if clocked is not None:
+            if not isinstance(clocked, ClockedSchedule):
+                clocked = ClockedSchedule.objects.create(clocked_time=clocked)
+            fields["clocked"] = clocked
+            fields.setdefault("one_off", True)
+        return PeriodicTask.objects.create(
+            name=name or f"task-{next(_names)}", task=task, **fields
+        )
+
+    return make
+
+
+def utc(*args: int) -> datetime:
+    """Return an aware UTC datetime: utc(2025, 3, 9, 20, 4)."""
+    from datetime import UTC
+
+    return datetime(*args, tzinfo=UTC)
+
+
+def seconds(n: float) -> timedelta:
+    return timedelta(seconds=n)
