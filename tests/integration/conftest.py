@@ -1,0 +1,54 @@
+"""Integration fixtures: a real PostgreSQL (the test database) and a second raw connection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.db import connection
+
+from scheduling import ledger
+from scheduling.messages import Message
+
+GRACE = timedelta(seconds=60)
+
+
+@pytest.fixture
+def raw_connection(transactional_db) -> Iterator[psycopg.Connection]:
+    """A second connection to the test database, outside Django, in manual-commit mode."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    conn = psycopg.connect(**params)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+class Recorder:
+    """A publish callable that records messages instead of sending them."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def __call__(self, message: Message) -> None:
+        self.messages.append(message)
+
+    @property
+    def task_ids(self) -> list[str]:
+        return [m.options["task_id"] for m in self.messages]
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+def claim(publish, replica_id: str = "test:1", batch_size: int = 100):
+    """Run one claim transaction with the product's defaults."""
+    return ledger.claim_and_dispatch(
+        publish, replica_id=replica_id, batch_size=batch_size, grace=GRACE
+    )
