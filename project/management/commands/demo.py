@@ -1,0 +1,402 @@
+"""``manage.py demo``: beat replicas sharing the work, one worker and the admin, on one ledger.
+
+The demo migrates, creates an ``admin`` login and three example periodic tasks, starts N
+``celery beat`` replicas (all running ``LedgerScheduler``), one worker and the admin as child
+processes, and every few seconds prints a summary read from the run ledger: runs dispatched per
+replica, duplicates (must be 0), outcomes and lateness. ``--kill-replica`` SIGKILLs replica-1
+after about 15 s so the others visibly carry on. It stops on Ctrl-C or after ``--duration``.
+
+Children get ``DATABASE_URL`` and ``CELERY_BROKER_URL`` explicitly (computed once here from the
+settings), so they all use the same database and broker, embedded or real. Their logs go to
+``.data/demo-logs/``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import IO, Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Count, Q
+from django_celery_beat.models import (
+    ClockedSchedule,
+    CrontabSchedule,
+    IntervalSchedule,
+    PeriodicTask,
+)
+
+from scheduling import ledger
+from scheduling.conf import conf
+from scheduling.models import Run
+
+PREFIX = "demo: "
+SUMMARY_EVERY = 5.0
+KILL_AFTER = 15.0
+STOP_TIMEOUT = 10.0
+
+
+class _Stop(Exception):
+    """Raised by the SIGTERM/SIGHUP handler to stop the demo like Ctrl-C does."""
+
+
+@dataclass
+class Child:
+    """One child process of the demo and its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: IO[bytes]
+    expected_exit: bool = False
+    reported: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+@dataclass
+class Stats:
+    """What the ledger says about the runs dispatched since the demo started."""
+
+    per_replica: Counter[str] = field(default_factory=Counter)
+    statuses: Counter[str] = field(default_factory=Counter)
+    duplicates: int = 0
+    lateness: list[float] = field(default_factory=list)
+
+    @property
+    def dispatched(self) -> int:
+        return sum(self.per_replica.values())
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the demo: N beat replicas with LedgerScheduler, one worker and the admin, printing "
+        "a ledger summary every few seconds until Ctrl-C or --duration."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--duration", type=float, default=None,
+            help="Stop after this many seconds (default: run until Ctrl-C).",
+        )
+        parser.add_argument(
+            "--kill-replica", action="store_true",
+            help=f"SIGKILL replica-1 after about {KILL_AFTER:.0f} s; the others carry on.",
+        )
+        parser.add_argument("--replicas", type=int, default=3, help="Beat replicas (default 3).")
+        parser.add_argument("--port", type=int, default=8000, help="Admin port (default 8000).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        replicas, port = options["replicas"], options["port"]
+        if replicas < 1:
+            raise CommandError("--replicas must be at least 1")
+        if options["kill_replica"] and replicas < 2:
+            raise CommandError("--kill-replica needs at least 2 replicas")
+        _require_free_port(port)
+        self.children: list[Child] = []
+        self.logs = Path(settings.BASE_DIR) / ".data" / "demo-logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+
+        self.say("migrating the database")
+        call_command("migrate", interactive=False, verbosity=0)
+        password = _admin_login()
+        self._prepare_broker()
+        names = _example_tasks()
+        self.say("periodic tasks: " + "; ".join(names))
+
+        since = ledger.database_now()
+        previous = [signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)]
+        try:
+            self._start_children(replicas, port)
+            self.say(f"admin: http://127.0.0.1:{port}/admin/  login: admin / {password}")
+            self.say(f"logs:  {self.logs}/")
+            self._watch(since, options["duration"], options["kill_replica"])
+        except (KeyboardInterrupt, _Stop):
+            self.say("stopping")
+        finally:
+            self._stop_children()
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGHUP, previous[1])
+        final = self._stats(since)
+        self.say("final: " + self._format(final))
+        if final.lateness:
+            self.say(
+                f"final: lateness over the whole demo max {max(final.lateness):.3f} s, "
+                f"mean {statistics.fmean(final.lateness):.3f} s over {len(final.lateness)} runs"
+            )
+        died = [c.name for c in self.children if not c.expected_exit and c.process.returncode]
+        if final.duplicates:
+            raise CommandError(f"{final.duplicates} duplicate runs in the ledger")
+        if died:
+            raise CommandError(f"child processes exited early: {', '.join(died)} (see {self.logs})")
+
+    # Setup --------------------------------------------------------------------------------------
+
+    def _prepare_broker(self) -> None:
+        """Connect to the broker and declare the default queue once, before the children start.
+
+        Fails early when the broker is unreachable, and with the embedded broker it creates its
+        tables here instead of in N processes at once.
+        """
+        from project.celery import app
+
+        queue = app.conf.task_default_queue
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=3)
+            connection.default_channel.queue_declare(queue=queue, durable=True, auto_delete=False)
+
+    def _start_children(self, replicas: int, port: int) -> None:
+        """Start the beat replicas, the worker and the admin, each in its own session."""
+        env = {
+            **os.environ,
+            "DATABASE_URL": settings.DATABASE_URL,
+            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "project.settings"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        celery = [sys.executable, "-m", "celery", "-A", "project"]
+        for n in range(1, replicas + 1):
+            name = f"replica-{n}"
+            beat = [*celery, "beat", "-l", "info", "--pidfile="]
+            self._spawn(name, beat, {**env, "SCHEDULING_REPLICA_ID": name})
+        worker = [
+            *celery, "worker", "-l", "info", "-c", "2",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]
+        self._spawn("worker", worker, env)
+        # --insecure serves the admin's static files with DEBUG off.
+        admin = [
+            sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--insecure",
+        ]
+        self._spawn("admin", admin, env)
+        self.say("started " + ", ".join(f"{c.name} (pid {c.pid})" for c in self.children))
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed in _stop_children
+        process = subprocess.Popen(
+            argv, cwd=settings.BASE_DIR, env=env, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.children.append(Child(name, process, log))
+
+    # Watching -----------------------------------------------------------------------------------
+
+    def _watch(self, since: datetime, duration: float | None, kill_replica: bool) -> None:
+        """Print a summary every SUMMARY_EVERY seconds; kill replica-1 once if asked."""
+        started = time.monotonic()
+        next_summary = started + SUMMARY_EVERY
+        window_start = since
+        killed = not kill_replica
+        while duration is None or time.monotonic() - started < duration:
+            time.sleep(0.2)
+            elapsed = time.monotonic() - started
+            self._report_exits(elapsed)
+            if not killed and elapsed >= KILL_AFTER:
+                victim = self.children[0]
+                victim.expected_exit = True
+                os.kill(victim.pid, signal.SIGKILL)
+                self.say(
+                    f"[{elapsed:4.0f}s] killed {victim.name} (pid {victim.pid}) with SIGKILL; "
+                    "the other replicas carry on"
+                )
+                killed = True
+            if time.monotonic() >= next_summary:
+                now = ledger.database_now()
+                stats = self._stats(since, window_start)
+                self.say(f"[{elapsed:4.0f}s] " + self._format(stats, window=True))
+                window_start, next_summary = now, next_summary + SUMMARY_EVERY
+
+    def _report_exits(self, elapsed: float) -> None:
+        for child in self.children:
+            if child.process.poll() is not None and not child.reported:
+                child.reported = True
+                if not child.expected_exit:
+                    self.say(
+                        f"[{elapsed:4.0f}s] {child.name} exited with code "
+                        f"{child.process.returncode}; see {self.logs / (child.name + '.log')}",
+                        error=True,
+                    )
+
+    def _stats(self, since: datetime, window_start: datetime | None = None) -> Stats:
+        """Read the ledger: runs dispatched since ``since``; lateness of those since ``window_start``.
+
+        Duplicates count (periodic task, scheduled_for) pairs of scheduled runs with more than one
+        non-cancelled row over the whole ledger; the unique constraint should keep this at 0.
+        """
+        stats = Stats()
+        rows = Run.objects.filter(dispatched_at__gte=since).values_list(
+            "claimed_by", "status", "scheduled_for", "dispatched_at"
+        )
+        window_start = window_start or since
+        for claimed_by, status, scheduled_for, dispatched_at in rows:
+            stats.per_replica[self._replica_label(claimed_by)] += 1
+            stats.statuses[status] += 1
+            if dispatched_at >= window_start:
+                stats.lateness.append((dispatched_at - scheduled_for).total_seconds())
+        stats.duplicates = (
+            Run.objects.filter(trigger=Run.Trigger.SCHEDULE)
+            .exclude(status=Run.Status.CANCELLED)
+            .values("periodic_task", "scheduled_for")
+            .annotate(rows=Count("id"))
+            .filter(Q(rows__gt=1))
+            .count()
+        )
+        return stats
+
+    def _replica_label(self, claimed_by: str) -> str:
+        """Name a replica as the demo does (replica-N), whether its id is that or ``host:pid``."""
+        for child in self.children:
+            if claimed_by == child.name or claimed_by.endswith(f":{child.pid}"):
+                return child.name
+        return claimed_by or "?"
+
+    def _format(self, stats: Stats, window: bool = False) -> str:
+        replicas = [c.name for c in self.children if c.name.startswith("replica-")]
+        per_replica = " ".join(
+            f"{name}={stats.per_replica.get(name, 0)}"
+            for name in [*replicas, *sorted(set(stats.per_replica) - set(replicas))]
+        )
+        outcome = " ".join(
+            f"{status}={stats.statuses.get(status, 0)}"
+            for status in ("succeeded", "failed", "running", "dispatched")
+        )
+        text = (
+            f"dispatched {stats.dispatched} ({per_replica}) | {outcome} | "
+            f"duplicates {stats.duplicates}"
+        )
+        if window:
+            if stats.lateness:
+                text += (
+                    f" | lateness last {SUMMARY_EVERY:.0f}s: max {max(stats.lateness):.3f} s, "
+                    f"mean {statistics.fmean(stats.lateness):.3f} s"
+                )
+            else:
+                text += f" | no dispatch in the last {SUMMARY_EVERY:.0f}s"
+        return text
+
+    # Teardown -----------------------------------------------------------------------------------
+
+    def _stop_children(self) -> None:
+        """SIGTERM every child (warm shutdown), then SIGKILL what is left after STOP_TIMEOUT."""
+        for child in self.children:
+            if child.process.poll() is None:
+                child.expected_exit = True
+                child.process.terminate()  # the worker's main process stops its own pool
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for child in self.children:
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say(f"{child.name} did not stop in {STOP_TIMEOUT:.0f} s; killing it")
+                _signal_group(child, signal.SIGKILL)
+                child.process.wait()
+            # A worker's pool processes share its process group.
+            _signal_group(child, signal.SIGKILL)
+            child.log.close()
+        if self.children:
+            self.say("stopped " + ", ".join(c.name for c in self.children))
+
+    def say(self, text: str, error: bool = False) -> None:
+        """Print one line of the demo's output."""
+        stream = self.stderr if error else self.stdout
+        stream.write(text)
+        stream.flush()
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop(signum)
+
+
+def _signal_group(child: Child, signum: int) -> None:
+    try:
+        os.killpg(child.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _require_free_port(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise CommandError(f"port {port} is not free ({exc}); pass --port") from exc
+
+
+def _admin_login() -> str:
+    """Create the superuser ``admin`` (or reset its password); return the new random password."""
+    password = secrets.token_urlsafe(12)
+    user_model = get_user_model()
+    user = user_model.objects.filter(username="admin").first()
+    if user is None:
+        user_model.objects.create_superuser("admin", "admin@example.com", password)
+    else:
+        user.is_staff = user.is_superuser = user.is_active = True
+        user.set_password(password)
+        user.save()
+    return password
+
+
+def _example_tasks() -> list[str]:
+    """Create the demo's periodic tasks by name (idempotently) and start them from a clean slate.
+
+    - ``demo: digest every 5 s``: an interval task sending an email to the console backend.
+    - ``demo: record every minute``: a ``* * * * *`` crontab in UTC.
+    - ``demo: one-off in 30 s``: a clocked one-off, recreated each time 30 s ahead of the
+      database clock (a one-off that ran once is over for good).
+
+    Runs still pending from an earlier demo are cancelled first (the tasks are disabled and the
+    ledger reconciled), so a restart does not dispatch a stale, very late run.
+    """
+    every_5s, _ = IntervalSchedule.objects.get_or_create(every=5, period=IntervalSchedule.SECONDS)
+    every_minute, _ = CrontabSchedule.objects.get_or_create(
+        minute="*", hour="*", day_of_month="*", month_of_year="*", day_of_week="*",
+        timezone="UTC",
+    )
+    specs: dict[str, dict[str, Any]] = {
+        f"{PREFIX}digest every 5 s": {
+            "task": "project.tasks.send_digest", "interval": every_5s,
+            "kwargs": '{"recipient": "team@example.com"}',
+        },
+        f"{PREFIX}record every minute": {
+            "task": "project.tasks.record", "crontab": every_minute,
+            "kwargs": '{"label": "every minute"}',
+        },
+    }
+    one_off = f"{PREFIX}one-off in 30 s"
+    PeriodicTask.objects.filter(name__startswith=PREFIX).update(enabled=False)
+    ledger.reconcile(timedelta(seconds=conf.misfire_grace_seconds))
+
+    for task in PeriodicTask.objects.filter(name=one_off).select_related("clocked"):
+        clocked = task.clocked
+        task.delete()
+        if clocked is not None and not clocked.periodictask_set.exists():
+            clocked.delete()
+    clocked = ClockedSchedule.objects.create(
+        clocked_time=ledger.database_now() + timedelta(seconds=30)
+    )
+    specs[one_off] = {
+        "task": "project.tasks.record", "clocked": clocked, "one_off": True,
+        "kwargs": '{"label": "one-off"}',
+    }
+    for name, fields in specs.items():
+        task, _ = PeriodicTask.objects.get_or_create(name=name, defaults=fields)
+        for key, value in fields.items():
+            setattr(task, key, value)
+        task.enabled = True
+        task.save()  # moves date_changed (the interval's anchor) and tells the replicas
+    return list(specs)
