@@ -20,7 +20,10 @@ class _Setting:
 
 
 DEFAULTS: dict[str, _Setting] = {
-    "REPLICA_ID": _Setting(None, "Id of this beat replica; default 'hostname:pid'."),
+    "REPLICA_ID": _Setting(
+        None, "Id of this beat replica; else the SCHEDULING_REPLICA_ID environment variable, else "
+        "'hostname:pid'."
+    ),
     "MAX_INTERVAL": _Setting(1.0, "Longest sleep between two ticks of a replica, in seconds."),
     "BATCH_SIZE": _Setting(100, "Most runs one claim transaction dispatches."),
     "MISFIRE_GRACE_SECONDS": _Setting(
@@ -53,7 +56,8 @@ class Conf:
 
     @property
     def replica_id(self) -> str:
-        return str(self._get("REPLICA_ID") or f"{socket.gethostname()}:{os.getpid()}")
+        configured = self._get("REPLICA_ID") or os.environ.get("SCHEDULING_REPLICA_ID")
+        return str(configured or f"{socket.gethostname()}:{os.getpid()}")
 
     @property
     def max_interval(self) -> float:
