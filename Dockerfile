@@ -1,0 +1,16 @@
+# Image for the compose file's web (admin) and app (worker + beat replica) services.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+
+WORKDIR /app
+COPY . .
+RUN pip install '.[redis]' \
+    && useradd --create-home --uid 1000 app
+USER app
+
+EXPOSE 8000
+CMD ["python", "manage.py", "runserver", "0.0.0.0:8000", "--noreload", "--insecure"]
