@@ -30,8 +30,9 @@ from django_celery_beat.models import CrontabSchedule, IntervalSchedule, Periodi
 
 from scheduling.exceptions import ScheduleError
 
-#: Farthest a crontab is searched for its next match (29 years covers Feb 29 on a given weekday).
-MAX_SEARCH_DAYS = 366 * 29
+#: Farthest a crontab is searched for its next match. Feb 29 on a given weekday can be 40 years
+#: apart (2072 -> 2112 for a Monday, as 2100 is not a leap year), so 41 years cover every schedule.
+MAX_SEARCH_DAYS = 366 * 41
 #: Most slots counted one by one when coalescing; past it the count is a lower bound.
 MAX_COUNTED_SLOTS = 10_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -71,6 +72,9 @@ def slots_through(task: PeriodicTask, slot: datetime, until: datetime) -> tuple[
         if until <= slot:
             return 0, next_run(task, slot)
         count = (until - slot) // interval
+        if task.expires is not None:
+            # Only slots before expires count: at most ceil((expires - slot) / interval) - 1.
+            count = max(0, min(count, -((slot - task.expires) // interval) - 1))
         following = slot + (count + 1) * interval
         if task.expires is not None and following >= task.expires:
             following = None
@@ -243,12 +247,19 @@ def next_cron_instant(spec: CronSpec, tz: ZoneInfo, after: datetime) -> datetime
         for instant in instants:
             if instant > after and (best is None or instant < best):
                 best = instant
-    assert best is not None
+    if best is None:
+        raise ScheduleError(
+            f"crontab matches no day within {MAX_SEARCH_DAYS} days of {start:%Y-%m-%d}"
+        )
     return best
 
 
 def _wall_times(spec: CronSpec, start: datetime) -> Iterator[datetime]:
-    """Yield naive local wall times >= ``start`` that match ``spec``, in increasing order."""
+    """Yield naive local wall times >= ``start`` that match ``spec``, in increasing order.
+
+    Stops after MAX_SEARCH_DAYS days. Running out is not an error here: the caller may already
+    hold a match and only be looking for the candidate after it.
+    """
     day = start.date()
     for _ in range(MAX_SEARCH_DAYS):
         if spec.matches_day(day):
@@ -261,7 +272,6 @@ def _wall_times(spec: CronSpec, start: datetime) -> Iterator[datetime]:
                         continue
                     yield datetime(day.year, day.month, day.day, hour, minute)
         day += timedelta(days=1)
-    raise ScheduleError(f"crontab matches no day within {MAX_SEARCH_DAYS} days of {start:%Y-%m-%d}")
 
 
 def _resolve(wall: datetime, tz: ZoneInfo, fixed: bool) -> tuple[datetime, list[datetime]]:
