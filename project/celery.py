@@ -6,6 +6,8 @@ import os
 
 from celery import Celery
 
+import project.broker  # noqa: F401  (registers the serviceless broker's transport alias)
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
 app = Celery("project")

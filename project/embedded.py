@@ -4,7 +4,7 @@
 under ``.data/pg`` (git-ignored). The server is shared by every process that asks for it and keeps
 running after they exit, so beat replicas, workers and the admin all talk to one database.
 
-``CELERY_BROKER_URL`` unset: kombu's SQL transport on that same database. It needs no service,
+``CELERY_BROKER_URL`` unset: kombu's SQL transport on that same database (``project.broker``). It needs no service,
 claims each message under a row lock, and keeps delivered messages (``visible = false``), which the
 acceptance tests count as the broker's own record of what was sent.
 """
@@ -48,4 +48,4 @@ def embedded_database_url() -> str:
 def sql_broker_url(database_url: str) -> str:
     """Return kombu's SQL-transport URL for the PostgreSQL database at ``database_url``."""
     parts = urlsplit(database_url)
-    return "sqla+postgresql+psycopg://" + database_url[len(parts.scheme) + 3 :]
+    return "sqlpoll+postgresql+psycopg://" + database_url[len(parts.scheme) + 3 :]

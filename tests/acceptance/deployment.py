@@ -157,10 +157,10 @@ def broker_task_ids(queue: str) -> list[str]:
 
         client = redis.Redis.from_url(url)
         payloads = client.lrange(queue, 0, -1)
-    elif url.startswith("sqla+"):
+    elif url.startswith("sqlpoll+"):
         import psycopg
 
-        dsn = url.removeprefix("sqla+").replace("postgresql+psycopg://", "postgresql://", 1)
+        dsn = url.removeprefix("sqlpoll+").replace("postgresql+psycopg://", "postgresql://", 1)
         with psycopg.connect(dsn) as conn:
             rows = conn.execute(
                 "SELECT m.payload FROM kombu_message m JOIN kombu_queue q ON q.id = m.queue_id"

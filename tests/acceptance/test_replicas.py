@@ -34,12 +34,14 @@ def _wait_until(predicate, timeout: float, interval: float = 0.1):
 
 def _drain(timeout: float = 30.0) -> None:
     """Wait until the worker has finished every dispatched run."""
-    _wait_until(
-        lambda: not Run.objects.filter(
-            status__in=(Run.Status.DISPATCHED, Run.Status.RUNNING, Run.Status.RETRYING)
-        ).exists(),
-        timeout,
+    unfinished = Run.objects.filter(
+        status__in=(Run.Status.DISPATCHED, Run.Status.RUNNING, Run.Status.RETRYING)
     )
+    try:
+        _wait_until(lambda: not unfinished.exists(), timeout)
+    except AssertionError:
+        stuck = list(unfinished.values_list("periodic_task_name", "scheduled_for", "status"))
+        raise AssertionError(f"runs never finished: {stuck}") from None
 
 
 def test_c01_c07_three_replicas_dispatch_every_slot_once(deployment: Deployment, make_task):
