@@ -279,16 +279,16 @@ def plan_missing(grace: timedelta, using: str = "default", chunk_size: int = 200
 
 
 def _planned(task: PeriodicTask, slot: datetime, **fields: object) -> Run:
-    return Run(
-        periodic_task=task,
-        periodic_task_name=task.name,
-        task=task.task,
-        scheduled_for=slot,
-        trigger=Run.Trigger.SCHEDULE,
-        status=Run.Status.PENDING,
-        task_id=slots.task_id_for(task.pk, slot),
-        **fields,
-    )
+    values: dict[str, object] = {
+        "periodic_task": task,
+        "periodic_task_name": task.name,
+        "task": task.task,
+        "scheduled_for": slot,
+        "trigger": Run.Trigger.SCHEDULE,
+        "status": Run.Status.PENDING,
+        "task_id": slots.task_id_for(task.pk, slot),
+    }
+    return Run(**{**values, **fields})
 
 
 def _failed_plan(task: PeriodicTask, now: datetime, error: str) -> Run:

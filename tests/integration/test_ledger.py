@@ -1,0 +1,145 @@
+"""Ledger behaviour on real PostgreSQL: planning rules, bad input, manual runs, reconcile."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django_celery_beat.models import ClockedSchedule, PeriodicTask
+
+from scheduling import ledger, slots
+from scheduling.models import Run
+from tests.integration.conftest import GRACE, claim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _make_due(task: PeriodicTask) -> Run:
+    """Move the task's pending run to 'due now' on the task's own grid (start_time anchor)."""
+    run = Run.objects.pending().get(periodic_task=task)
+    now = ledger.database_now()
+    Run.objects.filter(pk=run.pk).update(scheduled_for=now, task_id=slots.task_id_for(task.pk, now))
+    run.refresh_from_db()
+    return run
+
+
+def test_c10_crontab_with_start_time_first_runs_at_its_slot_not_at_startup(make_task):
+    """C10: crontab M H, start_time two minutes ago, replicas start now: first run at H:M."""
+    now = ledger.database_now()
+    target = (now + timedelta(minutes=3)).replace(second=0, microsecond=0)
+    task = make_task(
+        cron=f"{target.minute} {target.hour} * * *", start_time=now - timedelta(minutes=2)
+    )
+    ledger.reconcile(GRACE)
+    assert list(Run.objects.values_list("periodic_task_id", "scheduled_for", "status")) == [
+        (task.pk, target, Run.Status.PENDING)
+    ]
+
+
+def test_c07_two_one_offs_sharing_a_clocked_row_each_run_once(make_task, recorder):
+    clocked = ClockedSchedule.objects.create(
+        clocked_time=ledger.database_now() - timedelta(seconds=1)
+    )
+    first, second = make_task(clocked=clocked), make_task(clocked=clocked)
+    ledger.reconcile(GRACE)
+    claim(recorder)
+    claim(recorder)
+    ledger.reconcile(GRACE)
+    claim(recorder)
+
+    runs = list(Run.objects.order_by("periodic_task_id").values_list(
+        "periodic_task_id", "scheduled_for", "status"))
+    assert runs == [
+        (first.pk, clocked.clocked_time, Run.Status.DISPATCHED),
+        (second.pk, clocked.clocked_time, Run.Status.DISPATCHED),
+    ]
+    assert sorted(recorder.task_ids) == sorted(
+        slots.task_id_for(t.pk, clocked.clocked_time) for t in (first, second)
+    )
+    assert list(PeriodicTask.objects.filter(pk__in=[first.pk, second.pk])
+                .values_list("enabled", flat=True)) == [False, False]
+
+
+def test_invalid_args_fail_their_run_and_the_others_still_dispatch(make_task, recorder, caplog):
+    good = make_task(every=60, start_time=ledger.database_now() - timedelta(seconds=1))
+    bad = make_task(every=60, args="[1, 2", start_time=good.start_time)
+    wrong_shape = make_task(every=60, kwargs="[1]", start_time=good.start_time)
+    ledger.reconcile(GRACE)
+    for task in (good, bad, wrong_shape):
+        _make_due(task)
+
+    claim(recorder)
+
+    outcome = {r.periodic_task_id: r for r in Run.objects.exclude(status=Run.Status.PENDING)}
+    assert outcome[good.pk].status == Run.Status.DISPATCHED
+    assert outcome[bad.pk].status == Run.Status.FAILED
+    assert outcome[bad.pk].error.startswith("invalid args JSON: ")
+    assert outcome[wrong_shape.pk].status == Run.Status.FAILED
+    assert outcome[wrong_shape.pk].error == "kwargs must be a JSON dict, got list"
+    assert [m.options["task_id"] for m in recorder.messages] == [outcome[good.pk].task_id]
+    # every task keeps its schedule: the next run of each is planned
+    assert Run.objects.pending().scheduled().count() == 3
+    assert "invalid args JSON" in caplog.text
+
+
+def test_disabled_and_deleted_tasks_have_their_pending_runs_cancelled(make_task):
+    kept, disabled, deleted = make_task(every=30), make_task(every=30), make_task(every=30)
+    ledger.reconcile(GRACE)
+    disabled.enabled = False
+    disabled.save()
+    deleted_name = deleted.name
+    deleted.delete()
+    ledger.reconcile(GRACE)
+
+    assert Run.objects.pending().get().periodic_task_id == kept.pk
+    cancelled = dict(Run.objects.filter(status=Run.Status.CANCELLED)
+                     .values_list("periodic_task_name", "reason"))
+    assert cancelled == {
+        disabled.name: "periodic task disabled",
+        deleted_name: "periodic task deleted",
+    }
+
+
+def test_edit_replans_a_pending_run_from_the_new_definition(make_task):
+    task = make_task(cron="0 3 * * *")
+    ledger.reconcile(GRACE)
+    old = Run.objects.pending().get()
+    task.crontab = type(task.crontab).objects.create(minute="30", hour="4", timezone="UTC")
+    task.save()
+    ledger.reconcile(GRACE)
+
+    new = Run.objects.pending().get()
+    assert (new.scheduled_for.hour, new.scheduled_for.minute) == (4, 30)
+    old.refresh_from_db()
+    assert (old.status, old.reason) == (Run.Status.CANCELLED, "schedule edited")
+
+
+def test_manual_run_is_dispatched_once_and_leaves_the_schedule_alone(make_task, recorder):
+    task = make_task(every=3600)
+    ledger.reconcile(GRACE)
+    scheduled = Run.objects.pending().get()
+    manual = ledger.request_run(task, requested_by="alice")
+
+    claim(recorder)
+    claim(recorder)
+
+    manual.refresh_from_db()
+    assert (manual.trigger, manual.status, manual.requested_by) == ("manual", "dispatched", "alice")
+    assert recorder.task_ids == [manual.task_id]
+    assert Run.objects.pending().get() == scheduled
+    task.refresh_from_db()
+    assert task.total_run_count == 0
+
+
+def test_broken_schedule_is_recorded_once_and_others_are_planned(make_task, caplog):
+    broken = make_task(cron="0 0 31 2 *")  # 31 February never comes
+    fine = make_task(every=10)
+    ledger.reconcile(GRACE)
+    ledger.reconcile(GRACE)
+
+    failed = list(Run.objects.filter(status=Run.Status.FAILED)
+                  .values_list("periodic_task_id", "reason"))
+    assert failed == [(broken.pk, "invalid schedule")]
+    assert Run.objects.get(periodic_task=broken).error.startswith("invalid crontab 0 0 31 2 *: ")
+    assert Run.objects.pending().get().periodic_task_id == fine.pk
+    assert caplog.text.count("cannot plan periodic task") == 1
