@@ -23,8 +23,11 @@ def send_digest(self, recipient: str = "team@example.com") -> str:
 
 
 @shared_task(bind=True)
-def record(self, label: str = "", sleep: float = 0.0) -> str:
-    """Append one JSON line per execution to $SCHEDULING_EXECUTION_LOG (tests count them)."""
+def record(self, label: str = "", sleep: float = 0.0, fail: bool = False) -> str:
+    """Append one JSON line per execution to $SCHEDULING_EXECUTION_LOG (tests count them).
+
+    With ``fail=True`` it raises RuntimeError after recording, to show a failed run.
+    """
     if sleep:
         time.sleep(sleep)
     path = os.environ.get("SCHEDULING_EXECUTION_LOG")
@@ -41,4 +44,6 @@ def record(self, label: str = "", sleep: float = 0.0) -> str:
         )
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(line + "\n")
+    if fail:
+        raise RuntimeError(f"{label or 'record'} failed on purpose")
     return label

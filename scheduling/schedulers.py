@@ -55,6 +55,8 @@ class LedgerScheduler(DatabaseScheduler):
         self._failures = 0
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
+        # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
+        self.app.loader.import_default_modules()
 
     # django-celery-beat loads every enabled task into an in-memory heap; the ledger replaces it.
     @property

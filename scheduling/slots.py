@@ -100,7 +100,8 @@ def initial_run(
 
     ``now`` is the database clock; ``last_slot`` is the latest scheduled run already in the ledger
     for this task (None if there is none). A slot is never planned at or before ``last_slot``, nor
-    before the task was created or last edited, nor more than ``grace`` before ``now`` (older slots
+    before the task was created or last edited (except an interval's ``start_time``, which is its
+    first slot by definition), nor more than ``grace`` before ``now`` (older slots
     were missed while no replica ran; the misfire rules cover the ones inside the grace period). A
     clocked task's single slot is planned however old it is, unless it has run; the misfire policy
     then decides what happens to it.
@@ -109,7 +110,10 @@ def initial_run(
         return None
     if task.clocked_id is not None:
         return next_run(task, last_slot or _EPOCH)
-    floors = [now - grace, task.date_changed, last_slot, task.last_run_at]
+    floors = [now - grace, last_slot, task.last_run_at]
+    if not (task.interval_id is not None and task.start_time is not None):
+        # An interval's start_time is its first slot, even when the task was saved just after it.
+        floors.append(task.date_changed)
     return next_run(task, max(f for f in floors if f is not None))
 
 

@@ -1,0 +1,98 @@
+"""LedgerScheduler in this process against real PostgreSQL and the configured broker."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from celery import schedules
+from django.core.checks import run_checks
+from django.test import override_settings
+from django_celery_beat.models import PeriodicTask, PeriodicTasks
+
+from project.celery import app
+from scheduling import ledger
+from scheduling.models import Run
+from scheduling.schedulers import LedgerScheduler, sync_beat_schedule
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _scheduler() -> LedgerScheduler:
+    return LedgerScheduler(app=app)
+
+
+def test_tick_plans_dispatches_and_sleeps_at_most_one_second(make_task):
+    start = ledger.database_now() - timedelta(seconds=0.5)
+    task = make_task(every=3600, start_time=start)  # first slot: start_time, already due
+    scheduler = _scheduler()
+    delays = [scheduler.tick() for _ in range(3)]
+
+    run = Run.objects.get(periodic_task=task, scheduled_for=start)
+    assert (run.status, run.claimed_by) == (Run.Status.DISPATCHED, scheduler.replica_id)
+    assert all(0 <= d <= 1.0 for d in delays)
+    assert delays[-1] == 1.0  # nothing due within the next second: the full max interval
+    nxt = Run.objects.pending().get(periodic_task=task)
+    assert nxt.scheduled_for == start + timedelta(hours=1)
+
+
+def test_unknown_task_name_fails_its_run_with_a_clear_error(make_task):
+    start = ledger.database_now() - timedelta(seconds=0.5)
+    unknown = make_task(every=3600, start_time=start, task="nowhere.tasks.missing")
+    known = make_task(every=3600, start_time=start)
+    scheduler = _scheduler()
+    for _ in range(3):
+        scheduler.tick()
+
+    bad = Run.objects.get(periodic_task=unknown, scheduled_for=start)
+    assert bad.status == Run.Status.FAILED
+    assert bad.error == "unknown task name 'nowhere.tasks.missing': not registered in this app"
+    assert Run.objects.get(periodic_task=known, scheduled_for=start).status == "dispatched"
+
+
+def test_an_edit_is_picked_up_on_the_next_tick(make_task):
+    task = make_task(cron="0 3 * * *")
+    scheduler = _scheduler()
+    scheduler.tick()
+    assert Run.objects.pending().get(periodic_task=task).scheduled_for.hour == 3
+    task.crontab = type(task.crontab).objects.create(minute="0", hour="5", timezone="UTC")
+    task.save()
+    scheduler.tick()
+    assert Run.objects.pending().get(periodic_task=task).scheduled_for.hour == 5
+
+
+def test_idle_tick_is_one_query(make_task, django_assert_num_queries):
+    for _ in range(30):
+        make_task(every=3600)
+    scheduler = _scheduler()
+    scheduler.tick()  # startup: reconcile, plan
+    with django_assert_num_queries(1):
+        assert scheduler.tick() == 1.0
+
+
+def test_sync_beat_schedule_is_idempotent_and_triggers_no_reload():
+    entries = {
+        "hourly report": {"task": "project.tasks.record", "schedule": schedules.crontab(minute=0)},
+        "heartbeat": {"task": "project.tasks.record", "schedule": 10.0, "args": ["hb"]},
+    }
+    sync_beat_schedule(entries)
+    marker = PeriodicTasks.last_change()
+    changed = dict(PeriodicTask.objects.values_list("name", "date_changed"))
+    time.sleep(0.01)
+    sync_beat_schedule(entries)
+    sync_beat_schedule(entries)
+
+    assert PeriodicTasks.last_change() == marker
+    assert dict(PeriodicTask.objects.values_list("name", "date_changed")) == changed
+    heartbeat = PeriodicTask.objects.get(name="heartbeat")
+    assert (heartbeat.interval.every, heartbeat.interval.period, heartbeat.args) == (
+        10, "seconds", '["hb"]'
+    )
+
+
+def test_use_tz_off_is_a_system_check_error():
+    with override_settings(USE_TZ=False):
+        errors = [e for e in run_checks() if e.id == "scheduling.E001"]
+    assert len(errors) == 1
+    assert "USE_TZ = True" in errors[0].hint
