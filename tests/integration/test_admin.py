@@ -1,0 +1,84 @@
+"""Admin: the ledger is read-only; "Run now" creates one manual run, dispatched once."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+from scheduling.models import Run
+from tests.integration.conftest import claim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def admin_client_(client):
+    user = User.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(user)
+    return client
+
+
+def _run_now(client, *tasks):
+    return client.post(
+        reverse("admin:django_celery_beat_periodictask_changelist"),
+        {"action": "run_tasks", "_selected_action": [t.pk for t in tasks]},
+        follow=True,
+    )
+
+
+def test_run_now_creates_one_manual_run_per_task_dispatched_once(admin_client_, make_task, recorder):
+    first, second = make_task(every=3600), make_task(every=3600)
+    response = _run_now(admin_client_, first, second)
+    assert response.status_code == 200
+    assert "2 manual run(s) queued" in response.content.decode()
+
+    manual = Run.objects.filter(trigger=Run.Trigger.MANUAL)
+    assert sorted(manual.values_list("periodic_task_id", "requested_by")) == [
+        (first.pk, "root"), (second.pk, "root")
+    ]
+    claim(recorder)
+    claim(recorder)
+    assert sorted(recorder.task_ids) == sorted(manual.values_list("task_id", flat=True))
+    assert set(manual.values_list("status", flat=True)) == {Run.Status.DISPATCHED}
+
+
+def test_run_now_needs_the_change_permission(client, make_task):
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_periodictask"))
+    client.force_login(user)
+    task = make_task(every=3600)
+    response = _run_now(client, task)
+    assert Run.objects.filter(trigger=Run.Trigger.MANUAL).count() == 0
+    assert response.status_code in (200, 403)
+
+
+def test_ledger_admin_lists_runs_and_refuses_changes(admin_client_, make_task, recorder):
+    task = make_task(every=3600, name="nightly <b>report</b>")
+    from scheduling import ledger
+
+    run = ledger.request_run(task, requested_by="root")
+    claim(recorder)
+    changelist = admin_client_.get(reverse("admin:scheduling_run_changelist"))
+    body = changelist.content.decode()
+    assert changelist.status_code == 200
+    assert "nightly &lt;b&gt;report&lt;/b&gt;" in body
+    assert "<b>report</b>" not in body
+    assert admin_client_.get(reverse("admin:scheduling_run_add")).status_code == 403
+    assert admin_client_.post(reverse("admin:scheduling_run_delete", args=[run.pk])).status_code == 403
+    detail = admin_client_.get(reverse("admin:scheduling_run_change", args=[run.pk]))
+    assert detail.status_code == 200
+    assert 'name="_save"' not in detail.content.decode()
+
+
+def test_periodic_task_page_shows_recent_runs(admin_client_, make_task, recorder):
+    task = make_task(every=3600)
+    from scheduling import ledger
+
+    ledger.request_run(task)
+    claim(recorder, replica_id="replica-7")
+    page = admin_client_.get(
+        reverse("admin:django_celery_beat_periodictask_change", args=[task.pk])
+    ).content.decode()
+    assert "Recent runs" in page
+    assert "replica-7" in page and "dispatched" in page
