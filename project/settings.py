@@ -102,11 +102,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
-        "scheduling": {
-            "handlers": ["console"],
-            "level": os.environ.get("SCHEDULING_LOG_LEVEL", "INFO"),
-            "propagate": False,
-        },
+        "scheduling": {"level": os.environ.get("SCHEDULING_LOG_LEVEL", "INFO")},
     },
 }

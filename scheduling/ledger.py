@@ -108,13 +108,11 @@ def poll(using: str = "default") -> Poll:
     This is the whole cost of an idle tick, whatever the number of periodic tasks: the earliest
     pending run comes from the partial index on pending runs.
     """
-    run_table = Run._meta.db_table
-    marker_table = PeriodicTasks._meta.db_table
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f"SELECT clock_timestamp(),"  # noqa: S608 - table names come from model metadata
-            f" (SELECT min(scheduled_for) FROM {run_table} WHERE status = 'pending'),"
-            f" (SELECT last_update FROM {marker_table} WHERE ident = 1)"
+            "SELECT clock_timestamp(),"
+            " (SELECT min(scheduled_for) FROM scheduling_run WHERE status = 'pending'),"
+            " (SELECT last_update FROM django_celery_beat_periodictasks WHERE ident = 1)"
         )
         now, next_due, marker = cursor.fetchone()
     return Poll(now=now, next_due=next_due, change_marker=marker)
@@ -475,15 +473,15 @@ def _update_tasks(updates: dict[int, _TaskUpdate], using: str) -> None:
     if not updates:
         return
     ids = sorted(updates)
-    table = PeriodicTask._meta.db_table
     with connections[using].cursor() as cursor:
         # Lock in id order so two claim transactions touching the same tasks cannot deadlock.
         cursor.execute(
-            f"SELECT id FROM {table} WHERE id = ANY(%s) ORDER BY id FOR UPDATE",  # noqa: S608
+            "SELECT id FROM django_celery_beat_periodictask WHERE id = ANY(%s) ORDER BY id"
+            " FOR UPDATE",
             [ids],
         )
         cursor.execute(
-            f"UPDATE {table} AS t SET"  # noqa: S608
+            "UPDATE django_celery_beat_periodictask AS t SET"
             " last_run_at = COALESCE(v.last_slot, t.last_run_at),"
             " total_run_count = t.total_run_count + v.runs,"
             " enabled = t.enabled AND NOT v.disable"

@@ -20,11 +20,11 @@ from django.db import (
     DatabaseError,
     IntegrityError,
     InterfaceError,
-    close_old_connections,
     connection,
 )
 from django_celery_beat.models import PeriodicTask
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
+from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.utils.json import dumps
 
 from scheduling import ledger
@@ -53,6 +53,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._marker: object = _UNSEEN
         self._last_reconcile = 0.0
         self._failures = 0
+        self._failing = ""
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
@@ -79,11 +80,17 @@ class LedgerScheduler(DatabaseScheduler):
         try:
             delay = self._tick()
         except (DatabaseError, InterfaceError) as exc:
-            return self._database_failed(exc)
+            return self._failed("database", exc)
+        except (KombuOperationalError, ConnectionError, OSError) as exc:
+            self._reset_producer()
+            return self._failed("broker", exc)
+        except Exception as exc:  # noqa: BLE001 - a replica must outlive any one bad tick
+            logger.exception("scheduler tick failed", extra={"action": "tick_failed"})
+            return self._failed("tick", exc)
         if self._failures:
             logger.warning(
-                "database reachable again after %d failed ticks", self._failures,
-                extra={"action": "db_recovered", "replica": self.replica_id},
+                "%s reachable again after %d failed ticks", self._failing, self._failures,
+                extra={"action": "recovered", "replica": self.replica_id},
             )
             self._failures = 0
         return delay
@@ -102,6 +109,7 @@ class LedgerScheduler(DatabaseScheduler):
         wait = poll.seconds_until_due()
         if wait is None or wait > 0:
             return min(self.max_interval, wait if wait is not None else self.max_interval)
+        self._connected_producer()  # reach the broker before taking any lock
         batch = conf.batch_size
         dispatched = ledger.claim_and_dispatch(
             self._publish,
@@ -114,6 +122,17 @@ class LedgerScheduler(DatabaseScheduler):
         # again at once. Runs locked by other replicas are theirs; come back after a short nap.
         return 0.0 if dispatched else min(self.max_interval, 0.05)
 
+    def _connected_producer(self) -> Any:
+        """Return the producer, connecting with a short bounded retry (never Celery's 100).
+
+        Raises kombu's OperationalError when the broker cannot be reached, before any claim.
+        """
+        if "producer" not in self.__dict__:
+            self.connection.ensure_connection(
+                max_retries=2, interval_start=0, interval_step=0.5, interval_max=1, timeout=5
+            )
+        return self.producer
+
     def _publish(self, message: Message) -> None:
         if conf.reject_unknown_tasks and message.name not in self.app.tasks:
             raise RunRejected(f"unknown task name {message.name!r}: not registered in this app")
@@ -125,22 +144,34 @@ class LedgerScheduler(DatabaseScheduler):
             **message.options,
         )
 
-    def _database_failed(self, exc: Exception) -> float:
+    def _failed(self, what: str, exc: Exception) -> float:
+        """Log the first failure of an outage (not every tick) and return a capped backoff."""
         self._failures += 1
-        if self._failures == 1:
+        if self._failures == 1 or what != self._failing:
             logger.error(
-                "database unavailable, retrying with backoff: %s", exc,
-                extra={"action": "db_down", "replica": self.replica_id},
+                "%s unavailable, retrying with backoff: %s", what, exc,
+                extra={"action": f"{what}_down", "replica": self.replica_id},
             )
         else:
-            logger.debug("database still unavailable: %s", exc)
-        try:
-            connection.close()
-        except Exception:  # noqa: BLE001 - the connection is already broken
-            pass
-        close_old_connections()
+            logger.debug("%s still unavailable: %s", what, exc)
+        self._failing = what
+        if what == "database":
+            try:
+                connection.close()
+            except Exception:  # noqa: BLE001 - the connection is already broken
+                pass
         backoff = min(_BACKOFF_CAP, 0.5 * 2 ** min(self._failures - 1, 6))
         return backoff * (0.5 + random.random() / 2)
+
+    def _reset_producer(self) -> None:
+        """Drop the broker connection so the next publish reconnects."""
+        self.__dict__.pop("producer", None)
+        broker = self.__dict__.pop("connection", None)
+        if broker is not None:
+            try:
+                broker.release()
+            except Exception:  # noqa: BLE001 - already broken
+                pass
 
     @property
     def info(self) -> str:

@@ -96,3 +96,35 @@ def test_use_tz_off_is_a_system_check_error():
         errors = [e for e in run_checks() if e.id == "scheduling.E001"]
     assert len(errors) == 1
     assert "USE_TZ = True" in errors[0].hint
+
+
+def test_broker_down_leaves_runs_pending_and_the_replica_alive(make_task):
+    """Nothing is marked dispatched unless its publish succeeded; the tick never raises."""
+    import logging
+
+    from celery import Celery
+
+
+    start = ledger.database_now() - timedelta(seconds=0.5)
+    task = make_task(every=3600, start_time=start)
+    broken = Celery("broken", broker="redis://127.0.0.1:1/0")
+    with override_settings(SCHEDULING_REJECT_UNKNOWN_TASKS=False):
+        scheduler = LedgerScheduler(app=broken)
+        # attach after start-up: Celery's Django fixup re-runs Django's logging configuration
+        records: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+        logging.getLogger("scheduling.schedulers").addHandler(handler)
+        delays = [scheduler.tick() for _ in range(3)]
+
+    run = Run.objects.get(periodic_task=task, scheduled_for=start)
+    assert run.status == Run.Status.PENDING
+    assert all(d > 0 for d in delays[1:])
+    logging.getLogger("scheduling.schedulers").removeHandler(handler)
+    assert sum("broker unavailable, retrying with backoff" in r for r in records) == 1
+
+    healthy = _scheduler()
+    for _ in range(3):
+        healthy.tick()
+    run.refresh_from_db()
+    assert run.status == Run.Status.DISPATCHED
