@@ -31,6 +31,7 @@ from django_celery_beat.models import (
     CrontabSchedule,
     IntervalSchedule,
     PeriodicTask,
+    SolarSchedule,
 )
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -187,6 +188,15 @@ def test_C08_reenabled_daily_crontab_waits_for_next_day(last_slot, now):
     assert slots.initial_run(task, now, last_slot=last_slot, grace=GRACE) == utc(2025, 6, 4, 9, 0)
 
 
+def test_C08_reenabled_just_after_a_slot_does_not_fire_at_once():
+    # Re-enabled Tuesday 09:00:30, 30 s after the 09:00 slot (inside the 60 s grace).
+    task = cron_task("0 9 * * *", date_changed=utc(2025, 6, 3, 9, 0, 30))
+    now = utc(2025, 6, 3, 9, 0, 30)
+    assert slots.initial_run(task, now, last_slot=utc(2025, 6, 2, 9, 0), grace=GRACE) == utc(
+        2025, 6, 4, 9, 0
+    )
+
+
 def test_C10_start_time_before_first_crontab_slot():
     task = cron_task(
         "0 15 * * *", start_time=utc(2025, 6, 2, 14, 0), date_changed=utc(2025, 6, 1, 12, 0)
@@ -196,15 +206,24 @@ def test_C10_start_time_before_first_crontab_slot():
     )
 
 
-def test_C11_interval_with_expires_gives_six_slots():
+@pytest.mark.parametrize(
+    ("changed", "now"),
+    [
+        (timedelta(seconds=-2), timedelta(seconds=-1)),
+        # saved a moment after its own start_time: start_time is still the first slot
+        (timedelta(milliseconds=200), timedelta(milliseconds=500)),
+    ],
+    ids=["saved-before-start", "saved-just-after-start"],
+)
+def test_C11_interval_with_expires_gives_six_slots(changed, now):
     start = utc(2025, 6, 2, 12, 0, 0)
     task = interval_task(
         5,
         start_time=start,
         expires=start + timedelta(seconds=30),
-        date_changed=start - timedelta(seconds=2),
+        date_changed=start + changed,
     )
-    first = slots.initial_run(task, start - timedelta(seconds=1), last_slot=None, grace=GRACE)
+    first = slots.initial_run(task, start + now, last_slot=None, grace=GRACE)
     assert first == start
     found = [first]
     while (slot := slots.next_run(task, found[-1])) is not None:
@@ -293,6 +312,16 @@ def test_interval_slots_through(fields, until, expected):
     assert slots.slots_through(task, utc(2025, 1, 1), until) == expected
 
 
+def test_crontab_slots_through_caps_the_count():
+    # 8 days of a per-minute crontab is 11,520 slots; the count stops at MAX_COUNTED_SLOTS and
+    # the next slot is still the first one after `until`.
+    task = cron_task("* * * * *")
+    slot = utc(2025, 6, 2, 0, 0)
+    until = utc(2025, 6, 10, 0, 0, 30)
+    assert slots.MAX_COUNTED_SLOTS == 10_000
+    assert slots.slots_through(task, slot, until) == (10_000, utc(2025, 6, 10, 0, 1))
+
+
 def test_crontab_slots_through_stops_at_expires():
     task = cron_task("0 * * * *", expires=utc(2025, 6, 2, 16, 0))
     assert slots.slots_through(task, utc(2025, 6, 2, 14, 0), utc(2025, 6, 2, 16, 30)) == (1, None)
@@ -373,8 +402,10 @@ def test_initial_run_never_before_date_changed():
     task = interval_task(10, date_changed=utc(2025, 6, 2, 11, 59, 37))
     now = utc(2025, 6, 2, 12, 0, 5)
     assert slots.initial_run(task, now, last_slot=None, grace=GRACE) == utc(2025, 6, 2, 11, 59, 47)
-    cron = cron_task("* * * * *", date_changed=utc(2025, 6, 2, 11, 59, 30))
-    assert slots.initial_run(cron, now, last_slot=None, grace=GRACE) == utc(2025, 6, 2, 12, 0)
+    # Edited 12:00:10: the 12:00 slot is inside the grace of now (12:00:50) but before the edit.
+    cron = cron_task("* * * * *", date_changed=utc(2025, 6, 2, 12, 0, 10))
+    now = utc(2025, 6, 2, 12, 0, 50)
+    assert slots.initial_run(cron, now, last_slot=None, grace=GRACE) == utc(2025, 6, 2, 12, 1)
 
 
 # DST: ISC cron rule ----------------------------------------------------------------------------
@@ -831,6 +862,19 @@ def test_leap_day_on_a_weekday_is_found_decades_ahead(after, expected):
 def test_invalid_crontab_field_raises_schedule_error(expr):
     with pytest.raises(ScheduleError, match="invalid crontab"):
         slots.next_run(cron_task(expr), utc(2025, 1, 1))
+
+
+def test_solar_without_ephem_raises_schedule_error():
+    try:
+        import ephem  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("ephem is installed")
+    solar = SolarSchedule(id=next(_ids), event="sunrise", latitude=52.52, longitude=13.40)
+    task = PeriodicTask(name="solar", task="project.tasks.record", solar=solar)
+    with pytest.raises(ScheduleError, match="pip install ephem"):
+        slots.next_run(task, utc(2025, 1, 1))
 
 
 def test_task_without_schedule_raises_schedule_error():
