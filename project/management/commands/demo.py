@@ -3,7 +3,8 @@
 The demo migrates, creates an ``admin`` login and three example periodic tasks, starts N
 ``celery beat`` replicas (all running ``LedgerScheduler``), one worker and the admin as child
 processes, and every few seconds prints a summary read from the run ledger: runs dispatched per
-replica, duplicates (must be 0), outcomes and lateness. ``--kill-replica`` SIGKILLs replica-1
+replica, duplicates (must be 0), outcomes and lateness, and, as a check independent of the
+ledger, how many executions the worker's own log shows and whether any task id ran twice. ``--kill-replica`` SIGKILLs replica-1
 after about 15 s so the others visibly carry on. It stops on Ctrl-C or after ``--duration``.
 
 Children get ``DATABASE_URL`` and ``CELERY_BROKER_URL`` explicitly (computed once here from the
@@ -14,6 +15,7 @@ settings), so they all use the same database and broker, embedded or real. Their
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import socket
@@ -47,6 +49,8 @@ PREFIX = "demo: "
 SUMMARY_EVERY = 5.0
 KILL_AFTER = 15.0
 STOP_TIMEOUT = 10.0
+#: A task execution as Celery's worker logs it (success or failure; not retries or receipts).
+EXECUTED = re.compile(r"Task [\w.]+\[([0-9a-f-]{36})\] (?:succeeded in|raised (?:un)?expected)")
 
 
 class _Stop(Exception):
@@ -76,10 +80,16 @@ class Stats:
     statuses: Counter[str] = field(default_factory=Counter)
     duplicates: int = 0
     lateness: list[float] = field(default_factory=list)
+    executions: Counter[str] = field(default_factory=Counter)
 
     @property
     def dispatched(self) -> int:
         return sum(self.per_replica.values())
+
+    @property
+    def repeated(self) -> int:
+        """Task ids the worker executed more than once."""
+        return sum(1 for n in self.executions.values() if n > 1)
 
 
 class Command(BaseCommand):
@@ -139,8 +149,11 @@ class Command(BaseCommand):
                 f"mean {statistics.fmean(final.lateness):.3f} s over {len(final.lateness)} runs"
             )
         died = [c.name for c in self.children if not c.expected_exit and c.process.returncode]
-        if final.duplicates:
-            raise CommandError(f"{final.duplicates} duplicate runs in the ledger")
+        if final.duplicates or final.repeated:
+            raise CommandError(
+                f"{final.duplicates} duplicate runs in the ledger, "
+                f"{final.repeated} task ids executed more than once by the worker"
+            )
         if died:
             raise CommandError(f"child processes exited early: {', '.join(died)} (see {self.logs})")
 
@@ -234,15 +247,20 @@ class Command(BaseCommand):
     def _stats(self, since: datetime, window_start: datetime | None = None) -> Stats:
         """Read the ledger: runs dispatched since ``since``; lateness of those since ``window_start``.
 
+        Executions are those runs' task ids as counted in the worker's log.
+
         Duplicates count (periodic task, scheduled_for) pairs of scheduled runs with more than one
         non-cancelled row over the whole ledger; the unique constraint should keep this at 0.
         """
         stats = Stats()
         rows = Run.objects.filter(dispatched_at__gte=since).values_list(
-            "claimed_by", "status", "scheduled_for", "dispatched_at"
+            "claimed_by", "status", "scheduled_for", "dispatched_at", "task_id"
         )
         window_start = window_start or since
-        for claimed_by, status, scheduled_for, dispatched_at in rows:
+        executed = _worker_executions(self.logs / "worker.log")
+        for claimed_by, status, scheduled_for, dispatched_at, task_id in rows:
+            if task_id in executed:
+                stats.executions[task_id] = executed[task_id]
             stats.per_replica[self._replica_label(claimed_by)] += 1
             stats.statuses[status] += 1
             if dispatched_at >= window_start:
@@ -276,7 +294,8 @@ class Command(BaseCommand):
         )
         text = (
             f"dispatched {stats.dispatched} ({per_replica}) | {outcome} | "
-            f"duplicates {stats.duplicates}"
+            f"duplicates {stats.duplicates} | worker executed {sum(stats.executions.values())}, "
+            f"repeated {stats.repeated}"
         )
         if window:
             if stats.lateness:
@@ -326,6 +345,15 @@ def _signal_group(child: Child, signum: int) -> None:
         os.killpg(child.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _worker_executions(log: Path) -> Counter[str]:
+    """Count executions per task id in the worker's log: what ran, whatever the ledger says."""
+    try:
+        text = log.read_text(errors="replace")
+    except FileNotFoundError:
+        return Counter()
+    return Counter(EXECUTED.findall(text))
 
 
 def _require_free_port(port: int) -> None:
