@@ -33,7 +33,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db.models import Count, Q
+from django.db.models import Count
 from django_celery_beat.models import (
     ClockedSchedule,
     CrontabSchedule,
@@ -270,7 +270,7 @@ class Command(BaseCommand):
             .exclude(status=Run.Status.CANCELLED)
             .values("periodic_task", "scheduled_for")
             .annotate(rows=Count("id"))
-            .filter(Q(rows__gt=1))
+            .filter(rows__gt=1)
             .count()
         )
         return stats
