@@ -110,11 +110,14 @@ def initial_run(
         return None
     if task.clocked_id is not None:
         return next_run(task, last_slot or _EPOCH)
-    floors = [now - grace, last_slot, task.last_run_at]
-    if not (task.interval_id is not None and task.start_time is not None):
-        # An interval's start_time is its first slot, even when the task was saved just after it.
-        floors.append(task.date_changed)
-    return next_run(task, max(f for f in floors if f is not None))
+    floor = max(f for f in (now - grace, last_slot, task.last_run_at) if f is not None)
+    if task.date_changed is not None and task.date_changed > floor:
+        if task.interval_id is not None and task.start_time is not None and task.start_time > floor:
+            # An interval's start_time is its first slot, even when the task was saved just after
+            # it; any later slot of an edited (re-enabled) task comes after the edit.
+            return next_run(task, floor)
+        floor = task.date_changed
+    return next_run(task, floor)
 
 
 def task_id_for(periodic_task_id: int, scheduled_for: datetime) -> str:

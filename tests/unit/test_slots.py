@@ -39,7 +39,7 @@ from tests.unit.slot_factories import (
 def test_unsaved_tasks_carry_schedule_ids():
     assert interval_task(5).interval_id is not None
     cron = cron_task("4 16 * * *", NY)
-    assert (cron.crontab_id, cron.interval_id, cron.clocked_id) != (None, None, None)
+    assert cron.crontab_id is not None
     assert cron.interval_id is None and cron.clocked_id is None
     assert str(cron.crontab.timezone) == NY
 
@@ -113,6 +113,28 @@ def test_C08_reenabled_just_after_a_slot_does_not_fire_at_once():
     assert slots.initial_run(task, now, last_slot=utc(2025, 6, 2, 9, 0), grace=GRACE) == utc(
         2025, 6, 4, 9, 0
     )
+
+
+def test_C08_reenabled_interval_with_past_start_time_does_not_fire_at_once():
+    # Daily interval anchored at start_time Sunday 09:00; ran Monday 09:00; re-enabled Tuesday
+    # 09:00:30, 30 s after Tuesday's slot (inside the 60 s grace).
+    task = interval_task(
+        1,
+        IntervalSchedule.DAYS,
+        start_time=utc(2025, 6, 1, 9, 0),
+        date_changed=utc(2025, 6, 3, 9, 0, 30),
+    )
+    now = utc(2025, 6, 3, 9, 0, 30)
+    last = utc(2025, 6, 2, 9, 0)
+    assert slots.initial_run(task, now, last_slot=last, grace=GRACE) == utc(2025, 6, 4, 9, 0)
+    # A new task saved just after its own start_time still has start_time as its first slot.
+    fresh = interval_task(
+        1,
+        IntervalSchedule.DAYS,
+        start_time=utc(2025, 6, 3, 9, 0),
+        date_changed=utc(2025, 6, 3, 9, 0, 0, 300_000),
+    )
+    assert slots.initial_run(fresh, now, last_slot=None, grace=GRACE) == utc(2025, 6, 3, 9, 0)
 
 
 def test_C10_start_time_before_first_crontab_slot():
