@@ -13,7 +13,7 @@ from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import ledger
-from scheduling.models import Run
+from scheduling.models import Run, TaskPolicy
 
 RECENT_RUNS = 10
 
@@ -68,9 +68,21 @@ class RunAdmin(admin.ModelAdmin):
 admin.site.unregister(PeriodicTask)
 
 
+class TaskPolicyInline(admin.StackedInline):
+    """Misfire and overlap policy of one periodic task (defaults when absent)."""
+
+    model = TaskPolicy
+    can_delete = False
+    max_num = 1
+    extra = 0
+    verbose_name = "scheduling policy"
+
+
 @admin.register(PeriodicTask)
 class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
     """django-celery-beat's periodic task admin, with recent runs and "Run now" via the ledger."""
+
+    inlines = [TaskPolicyInline]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         return (*super().get_readonly_fields(request, obj), "recent_runs")

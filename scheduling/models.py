@@ -10,6 +10,55 @@ from django.db.models.functions import Now
 from django_celery_beat.models import PeriodicTask
 
 
+class TaskPolicy(models.Model):
+    """How one periodic task handles misfires and overlaps; edited inline on the task's page.
+
+    A task without a row uses the defaults: misfire policy coalesce with the global grace period
+    (``SCHEDULING_MISFIRE_GRACE_SECONDS``), overlap policy allow.
+    """
+
+    class Misfire(models.TextChoices):
+        COALESCE = "coalesce", "coalesce: one run now for all missed slots"
+        SKIP = "skip", "skip: record missed slots, wait for the next"
+        CATCH_UP = "catch_up", "catch up: run each missed slot in order (capped)"
+
+    class Overlap(models.TextChoices):
+        ALLOW = "allow", "allow: runs may overlap"
+        SKIP = "skip", "skip: no new run while the previous one is unfinished"
+
+    periodic_task = models.OneToOneField(
+        PeriodicTask,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="scheduling_policy",
+    )
+    misfire_policy = models.CharField(
+        max_length=16, choices=Misfire.choices, default=Misfire.COALESCE
+    )
+    misfire_grace_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="A run later than this after its slot is a misfire. Empty: the global setting.",
+    )
+    catch_up_limit = models.PositiveIntegerField(
+        default=100, help_text="Most missed slots run one by one under catch up."
+    )
+    overlap_policy = models.CharField(max_length=16, choices=Overlap.choices, default=Overlap.ALLOW)
+    overlap_stale_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="An unfinished run older than this no longer blocks (overlap skip). "
+        "Empty: the global setting.",
+    )
+
+    class Meta:
+        verbose_name = "scheduling policy"
+        verbose_name_plural = "scheduling policies"
+
+    def __str__(self) -> str:
+        return f"misfire {self.misfire_policy}, overlap {self.overlap_policy}"
+
+
 class RunQuerySet(models.QuerySet["Run"]):
     """Named states of the ledger."""
 
