@@ -28,7 +28,7 @@ class RunAdmin(admin.ModelAdmin):
 
     list_display = (
         "periodic_task_name",
-        "scheduled_for",
+        "display_scheduled_for",
         "trigger",
         "status",
         "display_lateness",
@@ -39,13 +39,21 @@ class RunAdmin(admin.ModelAdmin):
     )
     list_filter = ("status", "trigger", "periodic_task_name", "claimed_by")
     date_hierarchy = "scheduled_for"
-    search_fields = ("periodic_task_name", "task", "task_id", "reason", "error", "worker")
+    search_fields = (
+        "periodic_task_name", "task", "task_id", "reason", "error", "worker", "claimed_by"
+    )
     list_select_related = False
     ordering = ("-scheduled_for", "-id")
     show_full_result_count = False
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [field.name for field in Run._meta.fields] + ["display_lateness", "display_runtime"]
+        return [field.name for field in Run._meta.fields] + [
+            "display_scheduled_for", "display_lateness", "display_runtime"
+        ]
+
+    @admin.display(description="scheduled for (UTC)", ordering="scheduled_for")
+    def display_scheduled_for(self, run: Run) -> str:
+        return run.scheduled_for.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
     @admin.display(description="lateness")
     def display_lateness(self, run: Run) -> str:

@@ -525,17 +525,65 @@ def request_run(task: PeriodicTask, *, requested_by: str = "", using: str = "def
 
 
 def record_started(task_id: str, worker: str, using: str = "default") -> bool:
-    """Mark the run with ``task_id`` running on ``worker``; return False if no run matched."""
-    return bool(
-        Run.objects.using(using)
-        .filter(task_id=task_id)
-        .exclude(status=Run.Status.CANCELLED)
-        .update(
-            status=Run.Status.RUNNING,
-            started_at=ClockTimestamp(),
-            worker=worker[:255],
+    """Mark the run with ``task_id`` running on ``worker``; return False if no run matched.
+
+    Waits for a claim in progress on the row (bounded by the claim transaction). A run still
+    pending after that was published by a replica whose claim then rolled back (it died or was
+    stopped before committing): its message is out, so this delivery is its dispatch. The run is
+    adopted: recorded as dispatched now, and the task's following slot is planned, as the claim
+    would have done. No replica re-publishes it afterwards, since it is no longer pending.
+    """
+    with transaction.atomic(using=using):
+        run = (
+            Run.objects.using(using)
+            .filter(task_id=task_id)
+            .exclude(status=Run.Status.CANCELLED)
+            .select_related(*_SCHEDULE_RELATED)
+            .annotate(db_now=ClockTimestamp())
+            .select_for_update(of=("self",))
+            .first()
         )
-    )
+        if run is None:
+            return False
+        fields: dict[str, object] = {
+            "status": Run.Status.RUNNING,
+            "started_at": run.db_now,
+            "worker": worker[:255],
+        }
+        adopted = run.status == Run.Status.PENDING
+        if adopted:
+            fields.update(
+                dispatched_at=run.db_now,
+                reason="adopted by the worker: the publishing replica's claim did not commit",
+            )
+        Run.objects.using(using).filter(pk=run.pk).update(**fields)
+        if adopted:  # after the update: a task has one pending scheduled run at a time
+            _plan_after_adoption(run, using)
+            logger.warning(
+                "adopted run %s of %r: published by a replica that did not commit its claim",
+                task_id, run.periodic_task_name, extra={"action": "adopt"},
+            )
+    return True
+
+
+def _plan_after_adoption(run: Run, using: str) -> None:
+    task = run.periodic_task
+    if task is None or run.trigger != Run.Trigger.SCHEDULE:
+        return
+    update = _TaskUpdate()
+    update.ran(run.scheduled_for)
+    if task.one_off:
+        update.disable = True
+    else:
+        try:
+            nxt = slots.next_run(task, run.scheduled_for)
+        except ScheduleError:
+            nxt = None  # the reconcile pass records the schedule's error
+        else:
+            update.disable = nxt is None
+        if nxt is not None:
+            _insert([_planned(task, nxt)], using)
+    _update_tasks({task.pk: update}, using)
 
 
 def record_finished(task_id: str, status: str, error: str = "", using: str = "default") -> bool:
@@ -543,7 +591,7 @@ def record_finished(task_id: str, status: str, error: str = "", using: str = "de
     return bool(
         Run.objects.using(using)
         .filter(task_id=task_id)
-        .exclude(status=Run.Status.CANCELLED)
+        .exclude(status__in=(Run.Status.CANCELLED, Run.Status.PENDING))
         .update(status=status, finished_at=ClockTimestamp(), error=error[:_ERROR_LIMIT])
     )
 
@@ -553,6 +601,6 @@ def record_retry(task_id: str, error: str = "", using: str = "default") -> bool:
     return bool(
         Run.objects.using(using)
         .filter(task_id=task_id)
-        .exclude(status=Run.Status.CANCELLED)
+        .exclude(status__in=(Run.Status.CANCELLED, Run.Status.PENDING))
         .update(status=Run.Status.RETRYING, error=error[:_ERROR_LIMIT])
     )

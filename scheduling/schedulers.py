@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -35,6 +39,7 @@ from scheduling.messages import Message
 logger = logging.getLogger(__name__)
 
 _UNSEEN = object()
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
 _BACKOFF_CAP = 30.0
 
 
@@ -111,13 +116,14 @@ class LedgerScheduler(DatabaseScheduler):
             return min(self.max_interval, wait if wait is not None else self.max_interval)
         self._connected_producer()  # reach the broker before taking any lock
         batch = conf.batch_size
-        dispatched = ledger.claim_and_dispatch(
-            self._publish,
-            replica_id=self.replica_id,
-            batch_size=batch,
-            grace=grace,
-            pause_after_publish=conf.test_pause_after_publish,
-        )
+        with _stop_signals_deferred():
+            dispatched = ledger.claim_and_dispatch(
+                self._publish,
+                replica_id=self.replica_id,
+                batch_size=batch,
+                grace=grace,
+                pause_after_publish=conf.test_pause_after_publish,
+            )
         # More may be due (a full batch) or planned already due (a catching-up interval): look
         # again at once. Runs locked by other replicas are theirs; come back after a short nap.
         return 0.0 if dispatched else min(self.max_interval, 0.05)
@@ -176,6 +182,24 @@ class LedgerScheduler(DatabaseScheduler):
     @property
     def info(self) -> str:
         return f"    . replica -> {self.replica_id}\n    . run ledger -> scheduling.models.Run"
+
+
+@contextmanager
+def _stop_signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM, SIGINT and SIGQUIT until the claim transaction has ended.
+
+    Celery beat turns SIGTERM into SystemExit wherever the main thread is; between publishing and
+    committing that would roll the claim back behind a message already sent. The claim is bounded
+    (statement timeout, bounded publish retries), so the stop is only delayed, never lost.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def sync_beat_schedule(beat_schedule: dict[str, dict[str, Any]]) -> None:

@@ -106,10 +106,13 @@ def initial_run(
     clocked task's single slot is planned however old it is, unless it has run; the misfire policy
     then decides what happens to it.
     """
-    if task.one_off and last_slot is not None:
-        return None
     if task.clocked_id is not None:
+        # One slot per clocked time: a re-armed one-off (a new clocked time) runs again.
         return next_run(task, last_slot or _EPOCH)
+    if task.one_off and last_slot is not None and (
+        task.date_changed is None or task.date_changed <= last_slot
+    ):
+        return None  # a one-off that has run, and was not edited (re-armed) since
     floor = max(f for f in (now - grace, last_slot, task.last_run_at) if f is not None)
     if task.date_changed is not None and task.date_changed > floor:
         if task.interval_id is not None and task.start_time is not None and task.start_time > floor:

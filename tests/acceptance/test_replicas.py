@@ -173,3 +173,18 @@ def test_c03_clocked_one_off_survives_kill_at_slot_and_restart(deployment: Deplo
     task.refresh_from_db()
     assert task.enabled is False
     assert PeriodicTask.objects.get(pk=task.pk).total_run_count == 1
+
+
+def test_sigterm_during_a_claim_waits_for_its_commit(deployment: Deployment, make_task):
+    """A graceful stop between publish and commit lets the claim commit first, then exits."""
+    import signal
+
+    task = make_task(clocked=ledger.database_now() + timedelta(seconds=2), name="graceful")
+    deployment.start_beat("stopping", SCHEDULING_TEST_PAUSE_AFTER_PUBLISH="3")
+    deployment.wait_for_log("stopping", "test pause: published", timeout=60)
+    deployment.kill("stopping", signal.SIGTERM)
+    assert deployment.processes["stopping"].returncode is not None
+
+    run = Run.objects.get(periodic_task=task)
+    assert (run.status, run.claimed_by) == (Run.Status.DISPATCHED, "stopping")
+    assert broker_task_ids(deployment.queue) == [run.task_id]

@@ -139,3 +139,37 @@ def test_dispatch_plans_the_following_slot_and_updates_the_task(make_task, recor
     assert message.options["headers"]["periodic_task_name"] == task.name
     assert message.options["headers"]["scheduled_for"] == run.scheduled_for.isoformat()
     assert message.options["task_id"] == run.task_id
+
+
+def test_worker_adopts_a_run_whose_claim_rolled_back_after_publishing(make_task, recorder):
+    """The message is out but the claim did not commit: the worker's start is the dispatch."""
+    anchor = ledger.database_now() - timedelta(seconds=1)
+    task = make_task(every=30, start_time=anchor)
+    run = _due_run(task, seconds_ago=0)
+    Run.objects.filter(pk=run.pk).update(
+        scheduled_for=anchor, task_id=slots.task_id_for(task.pk, anchor)
+    )
+    run.refresh_from_db()
+
+    assert ledger.record_started(run.task_id, "worker@host") is True
+    run.refresh_from_db()
+    assert (run.status, run.worker) == (Run.Status.RUNNING, "worker@host")
+    assert run.dispatched_at == run.started_at
+    assert run.reason.startswith("adopted by the worker")
+    following = Run.objects.pending().get(periodic_task=task)
+    assert following.scheduled_for == anchor + timedelta(seconds=30)
+    task.refresh_from_db()
+    assert (task.last_run_at, task.total_run_count) == (anchor, 1)
+
+    assert claim(recorder) == []  # no replica re-publishes it
+    assert ledger.record_finished(run.task_id, Run.Status.SUCCEEDED) is True
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED
+
+
+def test_finish_of_an_unknown_or_pending_run_changes_nothing(make_task):
+    task = make_task(every=30)
+    run = _due_run(task)
+    assert ledger.record_finished(run.task_id, Run.Status.SUCCEEDED) is False
+    assert ledger.record_finished("no-such-id", Run.Status.SUCCEEDED) is False
+    assert Run.objects.get(pk=run.pk).status == Run.Status.PENDING

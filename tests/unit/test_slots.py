@@ -333,6 +333,20 @@ def test_one_off_interval_task_with_a_run_plans_nothing():
     assert slots.initial_run(task, now, last_slot=utc(2025, 6, 2, 0, 0, 10), grace=GRACE) is None
 
 
+def test_re_armed_one_off_runs_again():
+    """A one-off edited after its run (re-armed) plans again; a new clocked time is a new slot."""
+    ran_at = utc(2025, 6, 2, 0, 0, 10)
+    task = interval_task(10, one_off=True, date_changed=utc(2025, 6, 2, 0, 3))
+    now = utc(2025, 6, 2, 0, 3, 1)
+    assert slots.initial_run(task, now, last_slot=ran_at, grace=GRACE) == utc(2025, 6, 2, 0, 3, 10)
+
+    later = CLOCKED_AT + timedelta(days=1)
+    moved = clocked_task(
+        ClockedSchedule(id=next_id(), clocked_time=later), date_changed=CLOCKED_AT
+    )
+    assert slots.initial_run(moved, now, last_slot=CLOCKED_AT, grace=GRACE) == later
+
+
 # initial_run floors ----------------------------------------------------------------------------
 
 
