@@ -4,12 +4,17 @@ The demo migrates, creates an ``admin`` login and three example periodic tasks, 
 ``celery beat`` replicas (all running ``LedgerScheduler``), one worker and the admin as child
 processes, and every few seconds prints a summary read from the run ledger: runs dispatched per
 replica, duplicates (must be 0), outcomes and lateness, and, as a check independent of the
-ledger, how many executions the worker's own log shows and whether any task id ran twice. ``--kill-replica`` SIGKILLs replica-1
-after about 15 s so the others visibly carry on. It stops on Ctrl-C or after ``--duration``.
+ledger, how many executions the worker's own log shows and whether any task id ran twice.
+``--kill-replica`` SIGKILLs, after about 15 s, the replica that has dispatched the most runs so
+far, so the others visibly take over its work. It stops on Ctrl-C or after ``--duration``.
+
+The summary counts only runs of the demo's own periodic tasks (named ``demo: ...``), so other
+data in a shared database (``DATABASE_URL``) does not show up in it; lateness is that of
+scheduled runs only, not of manual "run now" runs.
 
 Children get ``DATABASE_URL`` and ``CELERY_BROKER_URL`` explicitly (computed once here from the
 settings), so they all use the same database and broker, embedded or real. Their logs go to
-``.data/demo-logs/``.
+``demo-logs/`` under the data folder (``SCHEDULING_DATA_DIR``, default ``.data``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from django_celery_beat.models import (
     PeriodicTask,
 )
 
+from project import embedded
 from scheduling import ledger
 from scheduling.conf import conf
 from scheduling.models import Run
@@ -48,6 +54,10 @@ from scheduling.models import Run
 PREFIX = "demo: "
 SUMMARY_EVERY = 5.0
 KILL_AFTER = 15.0
+#: How often to look again for a replica to kill when none has dispatched anything yet.
+KILL_RETRY = 1.0
+#: ``claimed_by`` of a run a worker adopted (its replica's claim rolled back after publishing).
+ADOPTED = "adopted"
 STOP_TIMEOUT = 10.0
 #: A task execution as Celery's worker logs it (success or failure; not retries or receipts).
 EXECUTED = re.compile(r"Task [\w.]+\[([0-9a-f-]{36})\] (?:succeeded in|raised (?:un)?expected)")
@@ -105,7 +115,10 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--kill-replica", action="store_true",
-            help=f"SIGKILL replica-1 after about {KILL_AFTER:.0f} s; the others carry on.",
+            help=(
+                f"After about {KILL_AFTER:.0f} s, SIGKILL the replica that has dispatched the most "
+                "runs so far; the others carry on."
+            ),
         )
         parser.add_argument("--replicas", type=int, default=3, help="Beat replicas (default 3).")
         parser.add_argument("--port", type=int, default=8000, help="Admin port (default 8000).")
@@ -118,7 +131,7 @@ class Command(BaseCommand):
             raise CommandError("--kill-replica needs at least 2 replicas")
         _require_free_port(port)
         self.children: list[Child] = []
-        self.logs = Path(settings.BASE_DIR) / ".data" / "demo-logs"
+        self.logs = embedded.data_dir() / "demo-logs"
         self.logs.mkdir(parents=True, exist_ok=True)
 
         self.say("migrating the database")
@@ -146,7 +159,8 @@ class Command(BaseCommand):
         if final.lateness:
             self.say(
                 f"final: lateness over the whole demo max {max(final.lateness):.3f} s, "
-                f"mean {statistics.fmean(final.lateness):.3f} s over {len(final.lateness)} runs"
+                f"mean {statistics.fmean(final.lateness):.3f} s over {len(final.lateness)} "
+                "scheduled runs"
             )
         died = [c.name for c in self.children if not c.expected_exit and c.process.returncode]
         if final.duplicates or final.repeated:
@@ -209,29 +223,47 @@ class Command(BaseCommand):
     # Watching -----------------------------------------------------------------------------------
 
     def _watch(self, since: datetime, duration: float | None, kill_replica: bool) -> None:
-        """Print a summary every SUMMARY_EVERY seconds; kill replica-1 once if asked."""
+        """Print a summary every SUMMARY_EVERY seconds; kill the busiest replica once if asked."""
         started = time.monotonic()
         next_summary = started + SUMMARY_EVERY
         window_start = since
-        killed = not kill_replica
+        next_kill = started + KILL_AFTER if kill_replica else None
         while duration is None or time.monotonic() - started < duration:
             time.sleep(0.2)
             elapsed = time.monotonic() - started
             self._report_exits(elapsed)
-            if not killed and elapsed >= KILL_AFTER:
-                victim = self.children[0]
-                victim.expected_exit = True
-                os.kill(victim.pid, signal.SIGKILL)
-                self.say(
-                    f"[{elapsed:4.0f}s] killed {victim.name} (pid {victim.pid}) with SIGKILL; "
-                    "the other replicas carry on"
-                )
-                killed = True
+            if next_kill is not None and time.monotonic() >= next_kill:
+                next_kill = None if self._kill_busiest(since, elapsed) else next_kill + KILL_RETRY
             if time.monotonic() >= next_summary:
                 now = ledger.database_now()
                 stats = self._stats(since, window_start)
                 self.say(f"[{elapsed:4.0f}s] " + self._format(stats, window=True))
                 window_start, next_summary = now, next_summary + SUMMARY_EVERY
+
+    def _kill_busiest(self, since: datetime, elapsed: float) -> bool:
+        """SIGKILL the live replica with the most runs dispatched since ``since``, per the ledger.
+
+        Returns False (try again later) while no live replica has dispatched anything yet.
+        """
+        counts = self._stats(since).per_replica
+        alive = [
+            c for c in self.children
+            if c.name.startswith("replica-") and c.process.poll() is None
+        ]
+        if not alive:
+            return True
+        victim = max(alive, key=lambda c: counts.get(c.name, 0))  # the first replica on a tie
+        count = counts.get(victim.name, 0)
+        if count == 0:
+            return False
+        victim.expected_exit = True
+        os.kill(victim.pid, signal.SIGKILL)
+        self.say(
+            f"[{elapsed:4.0f}s] killed {victim.name} (pid {victim.pid}) with SIGKILL: it had "
+            f"dispatched {count} run{'' if count == 1 else 's'}, the most so far; "
+            "the other replicas carry on"
+        )
+        return True
 
     def _report_exits(self, elapsed: float) -> None:
         for child in self.children:
@@ -247,26 +279,30 @@ class Command(BaseCommand):
     def _stats(self, since: datetime, window_start: datetime | None = None) -> Stats:
         """Read the ledger: runs dispatched since ``since``; lateness of those since ``window_start``.
 
-        Executions are those runs' task ids as counted in the worker's log.
+        Only runs of the demo's own periodic tasks (names starting with ``PREFIX``) count, so other
+        data in a shared database does not pollute the summary. Lateness is that of scheduled runs
+        only (a manual run is due when requested). Executions are those runs' task ids as counted
+        in the worker's log.
 
-        Duplicates count (periodic task, scheduled_for) pairs of scheduled runs with more than one
-        non-cancelled row over the whole ledger; the unique constraint should keep this at 0.
+        Duplicates count (periodic task, scheduled_for) pairs of the demo's scheduled runs with more
+        than one non-cancelled row over the whole ledger; the unique constraint keeps this at 0.
         """
         stats = Stats()
-        rows = Run.objects.filter(dispatched_at__gte=since).values_list(
-            "claimed_by", "status", "scheduled_for", "dispatched_at", "task_id"
+        demo_runs = Run.objects.filter(periodic_task_name__startswith=PREFIX)
+        rows = demo_runs.filter(dispatched_at__gte=since).values_list(
+            "claimed_by", "status", "trigger", "scheduled_for", "dispatched_at", "task_id"
         )
         window_start = window_start or since
         executed = _worker_executions(self.logs / "worker.log")
-        for claimed_by, status, scheduled_for, dispatched_at, task_id in rows:
+        for claimed_by, status, trigger, scheduled_for, dispatched_at, task_id in rows:
             if task_id in executed:
                 stats.executions[task_id] = executed[task_id]
             stats.per_replica[self._replica_label(claimed_by)] += 1
             stats.statuses[status] += 1
-            if dispatched_at >= window_start:
+            if trigger == Run.Trigger.SCHEDULE and dispatched_at >= window_start:
                 stats.lateness.append((dispatched_at - scheduled_for).total_seconds())
         stats.duplicates = (
-            Run.objects.filter(trigger=Run.Trigger.SCHEDULE)
+            demo_runs.filter(trigger=Run.Trigger.SCHEDULE)
             .exclude(status=Run.Status.CANCELLED)
             .values("periodic_task", "scheduled_for")
             .annotate(rows=Count("id"))
@@ -276,11 +312,15 @@ class Command(BaseCommand):
         return stats
 
     def _replica_label(self, claimed_by: str) -> str:
-        """Name a replica as the demo does (replica-N), whether its id is that or ``host:pid``."""
+        """Name a replica as the demo does (replica-N), whether its id is that or ``host:pid``.
+
+        A run dispatched with no ``claimed_by`` was adopted by the worker: its replica published
+        it, then its claim rolled back (killed or stopped before committing).
+        """
         for child in self.children:
             if claimed_by == child.name or claimed_by.endswith(f":{child.pid}"):
                 return child.name
-        return claimed_by or "?"
+        return claimed_by or ADOPTED
 
     def _format(self, stats: Stats, window: bool = False) -> str:
         replicas = [c.name for c in self.children if c.name.startswith("replica-")]
