@@ -1,10 +1,10 @@
 """Slot arithmetic: a schedule definition and a previous slot give the next slot.
 
 Pure functions: no database, no clock reads. Every replica computes the same next slot from the
-same definition and previous slot (DESIGN invariant 6), so the slot can be a run's identity.
+same definition and previous slot (invariant 6, docs/architecture.md), so the slot can be a run's identity.
 All datetimes taken and returned are aware; returned ones are in UTC.
 
-Rules (DESIGN "Time semantics"):
+Rules (docs/semantics.md):
 - Interval: slots are ``anchor + k * every`` for k >= 0, where the anchor is ``start_time`` when set,
   otherwise one interval after the task was created or last edited (``date_changed``).
 - Crontab: evaluated in the crontab's own timezone. Day of month and day of week must both match
@@ -127,7 +127,7 @@ def task_id_for(periodic_task_id: int, scheduled_for: datetime) -> str:
     """Return the deterministic Celery task id of a scheduled run (a UUID5 string).
 
     Every replica derives the same id for (periodic task id, slot), so a run re-published after a
-    crash carries the id of the first publish (DESIGN invariant 2).
+    crash carries the id of the first publish (invariant 2, docs/architecture.md).
     """
     stamp = scheduled_for.astimezone(UTC).isoformat(timespec="microseconds")
     return str(uuid.uuid5(_NAMESPACE, f"{periodic_task_id}@{stamp}"))

@@ -108,7 +108,11 @@ def test_broker_down_leaves_runs_pending_and_the_replica_alive(make_task):
     start = ledger.database_now() - timedelta(seconds=0.5)
     task = make_task(every=3600, start_time=start)
     broken = Celery("broken", broker="redis://127.0.0.1:1/0")
-    with override_settings(SCHEDULING_REJECT_UNKNOWN_TASKS=False):
+    # Celery prefers the CELERY_BROKER_URL environment variable to the app's own broker.
+    with pytest.MonkeyPatch.context() as patch, override_settings(
+        SCHEDULING_REJECT_UNKNOWN_TASKS=False
+    ):
+        patch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:1/0")
         scheduler = LedgerScheduler(app=broken)
         # attach after start-up: Celery's Django fixup re-runs Django's logging configuration
         records: list[str] = []
