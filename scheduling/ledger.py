@@ -74,8 +74,8 @@ def configure_session(using: str = "default") -> None:
     """Apply the scheduler's server-side bounds to its connection, once per connection.
 
     ``idle_in_transaction_session_timeout`` and ``statement_timeout`` bound how long a frozen or
-    partitioned replica can hold its claim (invariant 8, docs/architecture.md); the TCP keepalive settings let the
-    server notice a vanished client.
+    partitioned replica can hold its claim (invariant 8, docs/architecture.md); the TCP keepalive
+    settings let the server notice a vanished client.
     """
     from scheduling.conf import conf
 

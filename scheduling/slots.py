@@ -1,7 +1,8 @@
 """Slot arithmetic: a schedule definition and a previous slot give the next slot.
 
 Pure functions: no database, no clock reads. Every replica computes the same next slot from the
-same definition and previous slot (invariant 6, docs/architecture.md), so the slot can be a run's identity.
+same definition and previous slot (invariant 6, docs/architecture.md), so the slot can be a
+run's identity.
 All datetimes taken and returned are aware; returned ones are in UTC.
 
 Rules (docs/semantics.md):
