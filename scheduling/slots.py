@@ -53,7 +53,10 @@ def next_run(task: PeriodicTask, after: datetime) -> datetime | None:
     _require_aware(after, "after")
     if task.start_time is not None and after < task.start_time:
         after = task.start_time - _TICK
-    slot = _next_slot(task, after)
+    try:
+        slot = _next_slot(task, after)
+    except OverflowError as exc:
+        raise ScheduleError(f"the next slot of {task.name!r} is out of range: {exc}") from exc
     if slot is None:
         return None
     if task.expires is not None and slot >= task.expires:
@@ -66,7 +69,7 @@ def slots_through(task: PeriodicTask, slot: datetime, until: datetime) -> tuple[
 
     Used to coalesce a misfire: one dispatch stands for ``1 + count`` slots. Past
     MAX_COUNTED_SLOTS the count stops there (a lower bound) and the next slot is computed from
-    ``until`` directly.
+    ``until`` directly (for intervals the next slot is exact arithmetic whatever the count).
     """
     interval = _interval_step(task)
     if interval is not None and task.interval_id is not None:
@@ -76,10 +79,13 @@ def slots_through(task: PeriodicTask, slot: datetime, until: datetime) -> tuple[
         if task.expires is not None:
             # Only slots before expires count: at most ceil((expires - slot) / interval) - 1.
             count = max(0, min(count, -((slot - task.expires) // interval) - 1))
-        following = slot + (count + 1) * interval
-        if task.expires is not None and following >= task.expires:
+        try:
+            following: datetime | None = slot + (count + 1) * interval
+        except OverflowError as exc:
+            raise ScheduleError(f"the next slot of {task.name!r} is out of range") from exc
+        if task.expires is not None and following is not None and following >= task.expires:
             following = None
-        return count, following
+        return min(count, MAX_COUNTED_SLOTS), following
     count = 0
     following = next_run(task, slot)
     while following is not None and following <= until:

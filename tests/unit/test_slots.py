@@ -511,3 +511,16 @@ def test_task_without_schedule_raises_schedule_error():
 def test_naive_after_raises_value_error(task):
     with pytest.raises(ValueError, match="aware"):
         slots.next_run(task, datetime(2025, 1, 1, 12, 0))
+
+
+def test_a_huge_interval_is_a_schedule_error_not_an_overflow():
+    task = interval_task(3_000_000, IntervalSchedule.DAYS, date_changed=utc(2025, 6, 2))
+    with pytest.raises(ScheduleError, match="out of range"):
+        slots.next_run(task, utc(2025, 6, 2, 1))
+
+
+def test_coalesced_interval_count_is_capped_but_the_next_slot_exact():
+    """A run from 1900 of a 1 s interval stands for at most MAX_COUNTED_SLOTS slots."""
+    task = interval_task(1, start_time=utc(1900, 1, 1), date_changed=utc(1900, 1, 1))
+    count, following = slots.slots_through(task, utc(1900, 1, 1), utc(2025, 6, 2, 12, 0, 0, 500))
+    assert (count, following) == (slots.MAX_COUNTED_SLOTS, utc(2025, 6, 2, 12, 0, 1))
