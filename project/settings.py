@@ -96,6 +96,16 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# The worker-side duplicate guard on every task: at most one execution per run (README).
+CELERY_TASK_ANNOTATIONS = ["scheduling.guard:GuardAnnotation"]
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # How long Redis waits for an unacknowledged message before redelivering it (seconds); the
+    # acceptance suite shortens it to see a killed worker's run redelivered.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": float(os.environ.get("CELERY_BROKER_VISIBILITY_TIMEOUT", 3600)),
+        "unacked_restore_interval": float(os.environ.get("CELERY_BROKER_RESTORE_INTERVAL", 10)),
+        "unacked_restore_throttle": int(os.environ.get("CELERY_BROKER_RESTORE_THROTTLE", 10)),
+    }
 
 LOGGING = {
     "version": 1,

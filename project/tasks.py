@@ -23,27 +23,48 @@ def send_digest(self, recipient: str = "team@example.com") -> str:
 
 
 @shared_task(bind=True)
-def record(self, label: str = "", sleep: float = 0.0, fail: bool = False) -> str:
+def record(
+    self,
+    label: str = "",
+    sleep: float = 0.0,
+    fail: bool = False,
+    retry_times: int = 0,
+    log_start: bool = False,
+) -> str:
     """Append one JSON line per execution to $SCHEDULING_EXECUTION_LOG (tests count them).
 
-    With ``fail=True`` it raises RuntimeError after recording, to show a failed run.
+    ``sleep`` seconds pass before the line is written; with ``log_start`` a line with
+    ``"phase": "start"`` is written before them too. With ``fail=True`` it raises RuntimeError after
+    recording, to show a failed run; with ``retry_times=n`` the first n executions end with
+    ``self.retry(countdown=0.5)``.
     """
+    if log_start:
+        _log(self, label, "start")
     if sleep:
         time.sleep(sleep)
-    path = os.environ.get("SCHEDULING_EXECUTION_LOG")
-    if path:
-        line = json.dumps(
-            {
-                "task_id": self.request.id,
-                "label": label,
-                "periodic_task_name": self.request.get("periodic_task_name"),
-                "scheduled_for": self.request.get("scheduled_for"),
-                "pid": os.getpid(),
-                "at": time.time(),
-            }
-        )
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(line + "\n")
+    _log(self, label, "end")
     if fail:
         raise RuntimeError(f"{label or 'record'} failed on purpose")
+    if self.request.retries < retry_times:
+        raise self.retry(countdown=0.5, max_retries=retry_times)
     return label
+
+
+def _log(task, label: str, phase: str) -> None:
+    path = os.environ.get("SCHEDULING_EXECUTION_LOG")
+    if not path:
+        return
+    line = json.dumps(
+        {
+            "task_id": task.request.id,
+            "label": label,
+            "periodic_task_name": task.request.get("periodic_task_name"),
+            "scheduled_for": task.request.get("scheduled_for"),
+            "retries": task.request.retries,
+            "phase": phase,
+            "pid": os.getpid(),
+            "at": time.time(),
+        }
+    )
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")

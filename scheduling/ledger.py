@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 from django.db import connections, transaction
 from django.db.models import DateTimeField, Exists, F, Func, OuterRef, Q, Subquery
+from django.db.models import Case, IntegerField, When
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
 from scheduling import slots
@@ -586,21 +587,169 @@ def _plan_after_adoption(run: Run, using: str) -> None:
     _update_tasks({task.pk: update}, using)
 
 
-def record_finished(task_id: str, status: str, error: str = "", using: str = "default") -> bool:
-    """Record the final ``status`` (succeeded or failed) and a short error text on the run."""
-    return bool(
+@dataclass(frozen=True)
+class Execution:
+    """The guard's decision for one delivery: run the task body or drop the delivery.
+
+    ``tracked`` is False when no run has this task id (the body runs, nothing is recorded).
+    ``reason`` says why (logged, and kept on the run for re-executions).
+    """
+
+    execute: bool
+    tracked: bool
+    reason: str
+    run_id: int | None = None
+
+
+def begin_execution(
+    task_id: str,
+    worker: str,
+    *,
+    retries: int,
+    redelivered: bool,
+    exclusive: bool,
+    using: str = "default",
+) -> Execution:
+    """Decide, in one transaction on the run row, whether this delivery of ``task_id`` executes.
+
+    ``retries`` is Celery's ``request.retries`` of the delivery, ``redelivered`` the broker's flag
+    (``delivery_info["redelivered"]``), and ``exclusive`` whether the caller got the run's
+    execution lock for this attempt (``scheduling.guard``: a PostgreSQL advisory lock held by the
+    executing process's own session for as long as the body runs, so the server frees it when that
+    process dies). The rule, run by run status:
+
+    - pending (published by a replica whose claim rolled back): adopted, executes;
+    - dispatched: executes (the first delivery);
+    - running: a later Celery retry (``retries`` above the run's) executes; the same attempt
+      executes again only with evidence that its worker died mid-task: the broker redelivered the
+      message AND the execution lock was free (its holder's database session has ended). Otherwise
+      it is a duplicate of an execution on a live worker and is dropped;
+    - retrying: only the next attempt (``retries`` above the run's) executes;
+    - succeeded, failed, expired, skipped, missed, cancelled: dropped (finished).
+
+    Without ``exclusive`` nothing executes: a live process holds this attempt's lock. An executing
+    delivery sets running, ``started_at``, ``worker``, ``retries`` and adds one to ``executions``;
+    a dropped one adds one to ``suppressed``. Database errors propagate (the guard requeues).
+    """
+    with transaction.atomic(using=using):
+        run = (
+            Run.objects.using(using)
+            .filter(task_id=task_id)
+            .select_related(*_SCHEDULE_RELATED)
+            .annotate(db_now=ClockTimestamp())
+            .select_for_update(of=("self",))
+            # A live run first; a cancelled one only when no other has this task id.
+            .order_by(
+                Case(When(status=Run.Status.CANCELLED, then=1), default=0, output_field=IntegerField()),
+                "-pk",
+            )
+            .first()
+        )
+        if run is None:
+            return Execution(True, False, "no run has this task id")
+        reason = _execution_verdict(run, retries, redelivered, exclusive)
+        if reason is None:
+            Run.objects.using(using).filter(pk=run.pk).update(
+                suppressed=F("suppressed") + 1
+            )
+            return Execution(False, True, _suppressed_reason(run, exclusive), run.pk)
+        fields: dict[str, object] = {
+            "status": Run.Status.RUNNING,
+            "started_at": run.db_now,
+            "worker": worker[:255],
+            "retries": retries,
+            "executions": F("executions") + 1,
+        }
+        adopted = run.status == Run.Status.PENDING
+        if adopted:
+            fields.update(dispatched_at=run.db_now, reason=reason)
+        elif run.status == Run.Status.RUNNING and retries == run.retries:
+            fields["reason"] = reason
+        Run.objects.using(using).filter(pk=run.pk).update(**fields)
+        if adopted:  # after the update: a task has one pending scheduled run at a time
+            _plan_after_adoption(run, using)
+            logger.warning(
+                "adopted run %s of %r: published by a replica that did not commit its claim",
+                task_id, run.periodic_task_name, extra={"action": "adopt"},
+            )
+    return Execution(True, True, reason, run.pk)
+
+
+def _execution_verdict(run: Run, retries: int, redelivered: bool, exclusive: bool) -> str | None:
+    """Return why this delivery executes, or None to drop it (rule in ``begin_execution``)."""
+    if not exclusive:
+        return None
+    status = run.status
+    if status == Run.Status.PENDING:
+        return "adopted by the worker: the publishing replica's claim did not commit"
+    if status == Run.Status.DISPATCHED:
+        return "first delivery"
+    if status in (Run.Status.RUNNING, Run.Status.RETRYING) and retries > run.retries:
+        return f"Celery retry {retries}"
+    if status == Run.Status.RUNNING and retries == run.retries and redelivered:
+        return "re-executed: redelivered, and the worker that ran it is gone"
+    return None
+
+
+def _suppressed_reason(run: Run, exclusive: bool) -> str:
+    if not exclusive:
+        return "running on a live worker"
+    if run.status in Run.FINAL_STATUSES:
+        return f"already {run.status}"
+    return f"duplicate of a {run.status} run (attempt {run.retries})"
+
+
+def record_finished(
+    task_id: str,
+    status: str,
+    error: str = "",
+    *,
+    retries: int | None = None,
+    using: str = "default",
+) -> bool:
+    """Record the final ``status`` (succeeded or failed) and a short error text on the run.
+
+    With ``retries`` (the finishing attempt's ``request.retries``), only that attempt's outcome is
+    recorded, so a late signal of an earlier attempt cannot overwrite a later one.
+    """
+    runs = (
         Run.objects.using(using)
         .filter(task_id=task_id)
-        .exclude(status__in=(Run.Status.CANCELLED, Run.Status.PENDING))
-        .update(status=status, finished_at=ClockTimestamp(), error=error[:_ERROR_LIMIT])
+        .exclude(status__in=(Run.Status.CANCELLED, Run.Status.PENDING, *Run.FINAL_STATUSES))
+    )
+    if retries is not None:
+        runs = runs.filter(retries=retries)
+    return bool(
+        runs.update(status=status, finished_at=ClockTimestamp(), error=error[:_ERROR_LIMIT])
     )
 
 
-def record_retry(task_id: str, error: str = "", using: str = "default") -> bool:
-    """Mark the run retrying (a Celery retry of the same run is on its way)."""
+def record_retry(
+    task_id: str, error: str = "", *, retries: int | None = None, using: str = "default"
+) -> bool:
+    """Mark the run retrying (a Celery retry of the same run is on its way).
+
+    ``retries`` is the retrying attempt's ``request.retries``: when the next attempt already
+    started (its message can overtake this signal), the run is left running.
+    """
+    runs = Run.objects.using(using).filter(task_id=task_id, status=Run.Status.RUNNING)
+    if retries is not None:
+        runs = runs.filter(retries=retries)
+    return bool(runs.update(status=Run.Status.RETRYING, error=error[:_ERROR_LIMIT]))
+
+
+def record_not_executed(task_id: str, status: str, reason: str, error: str = "",
+                        using: str = "default") -> bool:
+    """Close a run whose message a worker dropped before executing it; return True if one was.
+
+    Used for an expired message (``status`` expired), a revoked one and a task name the worker
+    does not know (failed). Only a run not yet started (pending or dispatched) is closed: a
+    duplicate message dropped while the run executes elsewhere leaves it alone.
+    """
     return bool(
         Run.objects.using(using)
-        .filter(task_id=task_id)
-        .exclude(status__in=(Run.Status.CANCELLED, Run.Status.PENDING))
-        .update(status=Run.Status.RETRYING, error=error[:_ERROR_LIMIT])
+        .filter(task_id=task_id, status__in=(Run.Status.PENDING, Run.Status.DISPATCHED))
+        .update(
+            status=status, reason=reason, error=error[:_ERROR_LIMIT], finished_at=ClockTimestamp()
+        )
     )

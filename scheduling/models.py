@@ -76,8 +76,13 @@ class Run(models.Model):
     """One run of a periodic task at its nominal instant ``scheduled_for`` (aware, UTC).
 
     Lifecycle: pending -> dispatched -> running -> succeeded | failed (retrying in between for
-    Celery retries); pending -> missed | skipped | cancelled. The name of the periodic task and its
-    Celery task are copied onto the row so the audit survives deleting the task.
+    Celery retries); dispatched -> expired (the message's ``expires`` passed before a worker took
+    it); pending -> missed | skipped | cancelled. The name of the periodic task and its Celery task
+    are copied onto the row so the audit survives deleting the task.
+
+    ``executions`` counts the deliveries whose task body the worker guard let run (retries and a
+    re-execution after a lost worker included), ``suppressed`` the duplicate deliveries it dropped
+    (``scheduling.guard``); ``retries`` is Celery's ``request.retries`` of the latest execution.
     """
 
     class Status(models.TextChoices):
@@ -90,6 +95,7 @@ class Run(models.Model):
         MISSED = "missed"
         SKIPPED = "skipped"
         CANCELLED = "cancelled"
+        EXPIRED = "expired"
 
     class Trigger(models.TextChoices):
         SCHEDULE = "schedule"
@@ -102,7 +108,10 @@ class Run(models.Model):
         Status.MISSED,
         Status.SKIPPED,
         Status.CANCELLED,
+        Status.EXPIRED,
     )
+    #: A run in these states is not finished: it may still execute (overlap policy looks at them).
+    UNFINISHED_STATUSES = (Status.DISPATCHED, Status.RUNNING, Status.RETRYING)
 
     periodic_task = models.ForeignKey(
         PeriodicTask,
@@ -131,6 +140,15 @@ class Run(models.Model):
     worker = models.CharField(max_length=255, blank=True)
     error = models.TextField(blank=True)
     requested_by = models.CharField(max_length=150, blank=True)
+    retries = models.PositiveIntegerField(
+        default=0, help_text="Celery's request.retries of the latest execution (0: first try)."
+    )
+    executions = models.PositiveIntegerField(
+        default=0, help_text="Deliveries whose task body ran (retries and re-executions included)."
+    )
+    suppressed = models.PositiveIntegerField(
+        default=0, help_text="Duplicate deliveries of this run dropped without running the body."
+    )
 
     objects = RunQuerySet.as_manager()
 
@@ -149,6 +167,12 @@ class Run(models.Model):
                 fields=["periodic_task"],
                 condition=Q(trigger="schedule", status="pending"),
                 name="scheduling_run_one_pending_per_task",
+            ),
+            # Backfills are idempotent: one backfill run per (periodic task, slot).
+            models.UniqueConstraint(
+                fields=["periodic_task", "scheduled_for"],
+                condition=Q(trigger="backfill") & ~Q(status="cancelled"),
+                name="scheduling_run_one_backfill_per_slot",
             ),
             models.UniqueConstraint(
                 fields=["task_id"],

@@ -1,7 +1,19 @@
 """Worker side: record each run's start, retries and outcome on its ledger row, by task id.
 
-Connected in ``SchedulingConfig.ready()``. Tasks not sent by the scheduler (no ``scheduling_run``
-header) return at the first check and cost nothing more.
+Connected in ``SchedulingConfig.ready()``. The decision whether a delivery executes at all is the
+guard's (``scheduling.guard``, installed by the task annotation in the Celery configuration); these
+handlers record what happened:
+
+- ``task_success`` / ``task_failure``: succeeded / failed (the latter also for a pool process lost
+  mid-task, ``WorkerLostError``, which Celery reports from the worker's main process);
+- ``task_retry``: retrying (the next attempt, ``request.retries + 1``, executes);
+- ``task_postrun``: releases the execution lock the guard took;
+- ``task_revoked``: expired when the message's ``expires`` passed before a worker took it, failed
+  for any other revoke;
+- ``task_unknown`` / ``task_rejected``: failed with a clear error when the worker does not know
+  the task name or cannot read the message.
+
+Tasks not sent by the scheduler (no ``scheduling_run`` header) return at the first check.
 """
 
 from __future__ import annotations
@@ -11,7 +23,7 @@ from typing import Any
 
 from celery import signals
 
-from scheduling import ledger
+from scheduling import guard, ledger
 from scheduling.messages import HEADER_RUN
 from scheduling.models import Run
 
@@ -23,20 +35,35 @@ def _is_scheduled(task: Any) -> bool:
     return request is not None and request.get(HEADER_RUN) is not None
 
 
+def _retries(task: Any) -> int | None:
+    value = task.request.get("retries")
+    return None if value is None else int(value)
+
+
 def _short(exc: BaseException | None) -> str:
     return "" if exc is None else f"{type(exc).__name__}: {exc}"
 
 
 @signals.task_prerun.connect(dispatch_uid="scheduling.task_prerun")
 def _on_prerun(sender: Any = None, task_id: str = "", task: Any = None, **_: Any) -> None:
-    if _is_scheduled(task):
+    # With the guard installed, it records the start (atomically with its decision).
+    if _is_scheduled(task) and not guard.is_guarded(task):
         ledger.record_started(task_id, task.request.hostname or "")
+
+
+@signals.task_postrun.connect(dispatch_uid="scheduling.task_postrun")
+def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
+    key = getattr(getattr(task, "request", None), guard.LOCK_ATTRIBUTE, None)
+    if key is not None:
+        guard.liveness.unlock(key)
 
 
 @signals.task_success.connect(dispatch_uid="scheduling.task_success")
 def _on_success(sender: Any = None, **_: Any) -> None:
     if _is_scheduled(sender):
-        ledger.record_finished(sender.request.id, Run.Status.SUCCEEDED)
+        ledger.record_finished(
+            sender.request.id, Run.Status.SUCCEEDED, retries=_retries(sender)
+        )
 
 
 @signals.task_failure.connect(dispatch_uid="scheduling.task_failure")
@@ -44,10 +71,68 @@ def _on_failure(
     sender: Any = None, task_id: str = "", exception: BaseException | None = None, **_: Any
 ) -> None:
     if _is_scheduled(sender):
-        ledger.record_finished(task_id, Run.Status.FAILED, _short(exception))
+        ledger.record_finished(
+            task_id, Run.Status.FAILED, _short(exception), retries=_retries(sender)
+        )
 
 
 @signals.task_retry.connect(dispatch_uid="scheduling.task_retry")
 def _on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
     if request is not None and request.get(HEADER_RUN) is not None:
-        ledger.record_retry(request.id, str(reason or ""))
+        retries = request.get("retries")
+        ledger.record_retry(
+            request.id, str(reason or ""), retries=None if retries is None else int(retries)
+        )
+
+
+@signals.task_revoked.connect(dispatch_uid="scheduling.task_revoked")
+def _on_revoked(
+    sender: Any = None, request: Any = None, expired: bool = False, terminated: bool = False,
+    **_: Any,
+) -> None:
+    if request is None or request.get(HEADER_RUN) is None:
+        return
+    if expired:
+        closed = ledger.record_not_executed(
+            request.id, Run.Status.EXPIRED, "message expired before a worker took it"
+        )
+    else:
+        error = "revoked (terminated)" if terminated else "revoked"
+        closed = ledger.record_not_executed(request.id, Run.Status.FAILED, "revoked", error) or (
+            terminated and ledger.record_finished(request.id, Run.Status.FAILED, error)
+        )
+    if closed:
+        logger.warning(
+            "run %s %s", request.id, "expired" if expired else "revoked",
+            extra={"action": "expired" if expired else "revoked"},
+        )
+
+
+def _message_run(message: Any) -> tuple[str, str] | None:
+    headers = getattr(message, "headers", None) or {}
+    if headers.get(HEADER_RUN) is None or not headers.get("id"):
+        return None
+    return str(headers["id"]), str(headers.get("task") or "")
+
+
+@signals.task_unknown.connect(dispatch_uid="scheduling.task_unknown")
+def _on_unknown(sender: Any = None, message: Any = None, name: str = "", **_: Any) -> None:
+    found = _message_run(message)
+    if found is None:
+        return
+    task_id, _name = found
+    hostname = getattr(sender, "hostname", "") or ""
+    error = f"unknown task name {name!r}: not registered on worker {hostname}"
+    if ledger.record_not_executed(task_id, Run.Status.FAILED, "unknown task on the worker", error):
+        logger.error("run %s failed: %s", task_id, error, extra={"action": "unknown_task"})
+
+
+@signals.task_rejected.connect(dispatch_uid="scheduling.task_rejected")
+def _on_rejected(sender: Any = None, message: Any = None, exc: Any = None, **_: Any) -> None:
+    found = _message_run(message)
+    if found is None:
+        return
+    task_id, name = found
+    error = f"message of task {name!r} rejected by the worker: {_short(exc) or 'unknown format'}"
+    if ledger.record_not_executed(task_id, Run.Status.FAILED, "rejected by the worker", error):
+        logger.error("run %s failed: %s", task_id, error, extra={"action": "rejected"})

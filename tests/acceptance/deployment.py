@@ -133,10 +133,20 @@ class Deployment:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
 
-    def executions(self) -> list[dict[str, object]]:
-        """Every execution the workers recorded, in order."""
+    def executions(self, phase: str = "end") -> list[dict[str, object]]:
+        """Every execution the workers recorded, in order (``phase="start"``: every start)."""
         lines = self.execution_log.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        records = [json.loads(line) for line in lines if line.strip()]
+        return [r for r in records if r.get("phase", "end") == phase]
+
+    def publish_copy(self, run: object) -> None:
+        """Publish the scheduler's message of ``run`` once more, as a re-publishing replica would."""
+        from project.celery import app
+        from scheduling.messages import build_message
+
+        message = build_message(run, run.periodic_task)  # type: ignore[attr-defined]
+        options = {**message.options, "queue": self.queue}
+        app.send_task(message.name, args=message.args, kwargs=message.kwargs, **options)
 
     def tail(self, name: str, lines: int = 40) -> str:
         path = self.log_path(name)
@@ -145,11 +155,17 @@ class Deployment:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def broker_task_ids(queue: str) -> list[str]:
+def broker_is_redis() -> bool:
+    """Return True when the acceptance tests run against Redis (CELERY_BROKER_URL)."""
+    return settings.CELERY_BROKER_URL.startswith("redis://")
+
+
+def broker_task_ids(queue: str, waiting_only: bool = False) -> list[str]:
     """Return the task ids of the messages waiting in ``queue``, without consuming them.
 
     Reads Redis lists directly, or kombu's SQL transport tables (which also keep delivered
-    messages, marked invisible), so a test can count what reached the broker.
+    messages, marked invisible, unless ``waiting_only``), so a test can count what reached the
+    broker.
     """
     url = settings.CELERY_BROKER_URL
     if url.startswith("redis://"):
@@ -164,8 +180,8 @@ def broker_task_ids(queue: str) -> list[str]:
         with psycopg.connect(dsn) as conn:
             rows = conn.execute(
                 "SELECT m.payload FROM kombu_message m JOIN kombu_queue q ON q.id = m.queue_id"
-                " WHERE q.name = %s ORDER BY m.id",
-                [queue],
+                " WHERE q.name = %s AND (m.visible OR NOT %s) ORDER BY m.id",
+                [queue, waiting_only],
             ).fetchall()
         payloads = [row[0] for row in rows]
     else:

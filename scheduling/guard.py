@@ -1,0 +1,225 @@
+"""The worker-side duplicate guard: at most one execution per run (DESIGN invariant 3).
+
+Installed on every task by one line of Celery configuration (a task annotation)::
+
+    CELERY_TASK_ANNOTATIONS = ["scheduling.guard:GuardAnnotation"]
+
+The annotation wraps each task class's ``before_start`` (Celery >= 5.2). Celery's tracer calls
+``before_start`` in the pool process inside the same ``try`` as the task body, after
+``task_prerun``: when it raises ``celery.exceptions.Ignore`` the body is skipped, no result,
+success or failure signal is recorded, and the worker acknowledges the message (``Request.
+on_failure`` acks an ``Ignore``). That is the hook: a ``task_prerun`` receiver cannot skip the body
+(Celery's ``Signal.send`` logs and swallows receiver exceptions, and the prerun call sits outside
+that ``try``), and a custom ``Request`` class decides in the consumer process, before the pool,
+where the executing process's liveness cannot be held.
+
+For a delivery carrying the ``scheduling_run`` header (every run the scheduler publishes):
+
+1. Take the run's execution lock for this attempt: ``pg_try_advisory_lock`` on a key derived from
+   (task id, ``request.retries``), on a PostgreSQL session this process keeps for the purpose. The
+   lock is held while the body runs and released at ``task_postrun``; when the process dies, its
+   session ends and the server frees the lock. A lock held by someone else is the evidence that
+   the attempt is executing on a live worker.
+2. ``ledger.begin_execution`` decides on the run row, in one transaction (rule in its docstring):
+   execute (running), or drop (the ``suppressed`` counter goes up, a warning is logged with
+   ``extra={"action": "suppress"}``, and ``Ignore`` is raised). A run whose worker died mid-task
+   executes again only when the broker redelivered the message and the lock was free.
+
+Deliveries without the header (tasks not sent by the scheduler) cost one dictionary lookup.
+When the database cannot be reached, the guard waits ``RETRY_DELAY`` seconds and raises
+``Reject(requeue=True)``: the message goes back to the broker and nothing runs unguarded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery.exceptions import Ignore, Reject
+
+logger = logging.getLogger(__name__)
+
+#: Header every scheduled run carries (``scheduling.messages.HEADER_RUN``; not imported here so
+#: that this module loads before Django is set up, when Celery resolves the annotation).
+HEADER_RUN = "scheduling_run"
+#: Attribute set on a guarded ``before_start``, so the worker signals know the guard is installed.
+GUARD_MARK = "_scheduling_guard"
+#: Attribute of the task request naming the execution lock to release at ``task_postrun``.
+LOCK_ATTRIBUTE = "scheduling_lock"
+#: Seconds to wait before handing a message back when the database is unreachable.
+RETRY_DELAY = 1.0
+
+
+class GuardAnnotation:
+    """Celery task annotation that wraps ``before_start`` of every task with the guard."""
+
+    def annotate(self, task: Any) -> None:
+        """Nothing task-specific (Celery asks per task first)."""
+        return None
+
+    def annotate_any(self) -> dict[str, Callable[..., Any]]:
+        """Return the attributes for every task: ``@before_start`` wraps the existing method."""
+        return {"@before_start": _guarded}
+
+
+def _guarded(original: Callable[..., Any]) -> Callable[..., Any]:
+    if getattr(original, GUARD_MARK, False):
+        return original
+
+    def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> Any:
+        request = self.request
+        if request.get(HEADER_RUN) is not None and not request.get("is_eager"):
+            guard(request, task_id)
+        return original(self, task_id, args, kwargs)
+
+    before_start.__doc__ = original.__doc__
+    setattr(before_start, GUARD_MARK, True)
+    return before_start
+
+
+def is_guarded(task: Any) -> bool:
+    """Return True if ``task``'s class runs the guard in ``before_start``."""
+    return bool(getattr(task.before_start, GUARD_MARK, False))
+
+
+def guard(request: Any, task_id: str) -> None:
+    """Run the guard for one delivery; return to execute the body, raise Ignore to drop it.
+
+    Raises ``Reject(requeue=True)`` after ``RETRY_DELAY`` seconds when the database fails.
+    """
+    from django.db import DatabaseError, InterfaceError
+
+    from scheduling import ledger
+
+    retries = int(request.get("retries") or 0)
+    delivery = request.get("delivery_info") or {}
+    redelivered = bool(delivery.get("redelivered"))
+    key = lock_key(task_id, retries)
+    try:
+        exclusive = liveness.try_lock(key)
+        try:
+            decision = ledger.begin_execution(
+                task_id,
+                request.get("hostname") or "",
+                retries=retries,
+                redelivered=redelivered,
+                exclusive=exclusive,
+            )
+        except BaseException:
+            if exclusive:
+                liveness.unlock(key)
+            raise
+    except (DatabaseError, InterfaceError, OSError, liveness.errors) as exc:
+        logger.error(
+            "run %s: cannot reach the ledger (%s); message requeued in %.0fs",
+            task_id, exc, RETRY_DELAY, extra={"action": "guard_requeue"},
+        )
+        time.sleep(RETRY_DELAY)
+        raise Reject(f"ledger unreachable: {exc}", requeue=True) from exc
+    if decision.execute:
+        if not decision.tracked:
+            liveness.unlock(key)
+            return
+        setattr(request, LOCK_ATTRIBUTE, key)  # released by the task_postrun handler
+        if decision.reason != "first delivery":
+            logger.info(
+                "run %s executes: %s", task_id, decision.reason, extra={"action": "execute"}
+            )
+        return
+    if exclusive:
+        liveness.unlock(key)
+    logger.warning(
+        "run %s: duplicate delivery suppressed (%s; retries=%d, redelivered=%s)",
+        task_id, decision.reason, retries, redelivered, extra={"action": "suppress"},
+    )
+    raise Ignore(f"duplicate delivery of run {task_id}: {decision.reason}")
+
+
+def lock_key(task_id: str, retries: int) -> str:
+    """Return the text hashed into the advisory lock key of one attempt of a run."""
+    return f"scheduling.run:{task_id}:{retries}"
+
+
+class _Liveness:
+    """This process's own PostgreSQL session holding the execution locks of the runs it executes.
+
+    Separate from Django's connections, which Celery closes around every task and task code may
+    close at will: the lock must live exactly as long as this process. One session per process
+    (re-opened after a fork), shared by threads under a mutex. Server-side TCP keepalives let the
+    server notice a vanished host (``SCHEDULING_TCP_KEEPALIVES_IDLE``).
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._conn: Any = None
+        self._pid = 0
+        self._held: set[str] = set()
+        import psycopg
+
+        self.errors: tuple[type[BaseException], ...] = (psycopg.Error,)
+
+    def _connection(self) -> Any:
+        if self._conn is not None and self._pid == os.getpid() and not self._conn.closed:
+            return self._conn
+        import psycopg
+        from django.db import connections
+
+        from scheduling.conf import conf
+
+        params = connections["default"].get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        idle = conf.tcp_keepalives_idle
+        conn = psycopg.connect(
+            **params, autocommit=True, keepalives=1, keepalives_idle=idle,
+            application_name="scheduling-guard",
+        )
+        conn.execute(
+            "SELECT set_config('tcp_keepalives_idle', %s, false),"
+            " set_config('tcp_keepalives_interval', %s, false)",
+            [str(idle), str(max(1, idle // 2))],
+        )
+        self._conn, self._pid = conn, os.getpid()
+        self._held = set()  # locks of a session lost with its connection are gone
+        return conn
+
+    def try_lock(self, key: str) -> bool:
+        """Take the lock ``key`` without waiting; True if this session holds it now."""
+        with self._mutex:
+            if key in self._held:  # the same attempt twice in this process: a duplicate
+                return False
+            row = self._connection().execute(
+                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [key]
+            ).fetchone()
+            if row[0]:
+                self._held.add(key)
+            return bool(row[0])
+
+    def unlock(self, key: str) -> None:
+        """Release ``key`` if held; a lost session has released it already."""
+        with self._mutex:
+            if key not in self._held:
+                return
+            self._held.discard(key)
+            if self._conn is None or self._pid != os.getpid() or self._conn.closed:
+                return
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
+            except self.errors:
+                logger.warning("could not release execution lock %s; dropping the session", key)
+                self._conn.close()
+                self._conn, self._held = None, set()
+
+    def close(self) -> None:
+        """Close this process's session (its locks are released by the server)."""
+        with self._mutex:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn, self._held = None, set()
+
+
+liveness = _Liveness()

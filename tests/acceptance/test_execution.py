@@ -1,0 +1,157 @@
+"""Invariant 3 with real workers: at most one execution per run, retries, a killed worker.
+
+Issue 4, acceptance 1-3. Each test runs one beat replica and real ``celery worker`` processes;
+executions are counted from the workers' own log (``project.tasks.record``), not the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+
+import pytest
+
+from scheduling import ledger
+from scheduling.models import Run
+from tests.acceptance.deployment import Deployment, broker_is_redis, broker_task_ids
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+
+
+def _wait_until(predicate, timeout: float, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def _run_in(task, *statuses: str, timeout: float = 30.0) -> Run:
+    return _wait_until(
+        lambda: Run.objects.filter(periodic_task=task, status__in=statuses).first(), timeout
+    )
+
+
+def _clocked(make_task, name: str, seconds: float = 2.0, **kwargs: object):
+    return make_task(
+        clocked=ledger.database_now() + timedelta(seconds=seconds),
+        name=name,
+        kwargs=json.dumps({"label": name, **kwargs}),
+    )
+
+
+def _suppressed_lines(deployment: Deployment, *workers: str) -> int:
+    return sum(
+        deployment.log_path(w).read_text().count("duplicate delivery suppressed") for w in workers
+    )
+
+
+def test_a_run_published_before_during_and_after_its_execution_runs_once(
+    deployment: Deployment, make_task
+):
+    """Acceptance 1: three extra copies of a scheduled run's message; the body runs once."""
+    deployment.start_beat("replica-1")
+    deployment.wait_ready()
+    task = _clocked(make_task, "dup", sleep=3)
+    run = _run_in(task, Run.Status.DISPATCHED)
+    deployment.publish_copy(run)  # before: two copies wait for the workers
+    deployment.start_worker("worker-1", concurrency=1)
+    deployment.start_worker("worker-2", concurrency=1)
+    _run_in(task, Run.Status.RUNNING, timeout=60)
+    deployment.publish_copy(run)  # during: the first execution sleeps 3 s
+    _run_in(task, Run.Status.SUCCEEDED)
+    deployment.publish_copy(run)  # after
+    _wait_until(lambda: Run.objects.get(pk=run.pk).suppressed == 3, timeout=30)
+    time.sleep(1)  # anything else still on its way would land now
+
+    run.refresh_from_db()
+    assert (run.status, run.executions, run.suppressed, run.retries) == (
+        Run.Status.SUCCEEDED, 1, 3, 0
+    )
+    assert [e["task_id"] for e in deployment.executions()] == [run.task_id]
+    assert _suppressed_lines(deployment, "worker-1", "worker-2") == 3
+    assert broker_task_ids(deployment.queue, waiting_only=True) == []  # every copy acknowledged
+    assert Run.objects.filter(periodic_task=task).count() == 1
+
+
+def test_a_task_that_retries_twice_runs_three_times_as_one_run(deployment: Deployment, make_task):
+    """Acceptance 3: self.retry() twice, then success: three executions, one run, succeeded."""
+    deployment.start_beat("replica-1")
+    deployment.start_worker("worker-1", concurrency=2)
+    deployment.wait_ready()
+    task = _clocked(make_task, "flaky", retry_times=2)
+    run = _run_in(task, Run.Status.SUCCEEDED, timeout=60)
+
+    executions = [e for e in deployment.executions() if e["task_id"] == run.task_id]
+    assert [e["retries"] for e in executions] == [0, 1, 2]
+    assert (run.status, run.executions, run.retries, run.suppressed) == (
+        Run.Status.SUCCEEDED, 3, 2, 0
+    )
+    assert Run.objects.filter(periodic_task=task).count() == 1
+
+
+REDIS_ONLY = pytest.mark.skipif(
+    not broker_is_redis(),
+    reason="needs CELERY_BROKER_URL=redis://...: kombu's SQL transport never redelivers the "
+    "unacknowledged messages of a SIGKILLed worker, Redis does after its visibility timeout",
+)
+FAST_REDELIVERY = {
+    "CELERY_BROKER_VISIBILITY_TIMEOUT": "5",
+    "CELERY_BROKER_RESTORE_INTERVAL": "1",
+    "CELERY_BROKER_RESTORE_THROTTLE": "1",
+}
+
+
+@REDIS_ONLY
+def test_a_worker_killed_mid_run_is_replaced_and_the_run_executes_once_more(tmp_path, make_task):
+    """Acceptance 2: SIGKILL mid-task with acks_late; Redis redelivers; another worker runs it."""
+    deployment = Deployment(tmp_path, **FAST_REDELIVERY)
+    try:
+        deployment.start_beat("replica-1")
+        deployment.start_worker("worker-a", concurrency=1)
+        deployment.wait_ready()
+        task = _clocked(make_task, "killed", sleep=3, log_start=True)
+        run = _run_in(task, Run.Status.RUNNING, timeout=60)
+        assert run.worker.startswith("worker-a@")
+        deployment.kill("worker-a")
+        deployment.start_worker("worker-b", concurrency=1)
+        run = _run_in(task, Run.Status.SUCCEEDED, timeout=60)
+        time.sleep(1)
+        run.refresh_from_db()
+    finally:
+        deployment.stop()
+
+    starts = [e for e in deployment.executions("start") if e["task_id"] == run.task_id]
+    ends = [e for e in deployment.executions() if e["task_id"] == run.task_id]
+    assert len(starts) == 2 and starts[0]["pid"] != starts[1]["pid"]
+    assert [e["pid"] for e in ends] == [starts[1]["pid"]]
+    assert (run.status, run.executions, run.suppressed) == (Run.Status.SUCCEEDED, 2, 0)
+    assert run.worker.startswith("worker-b@")
+    assert run.reason == "re-executed: redelivered, and the worker that ran it is gone"
+
+
+@REDIS_ONLY
+def test_a_redelivery_while_the_run_executes_on_a_live_worker_is_suppressed(
+    tmp_path, make_task
+):
+    """Redis's visibility timeout passes during a long run: the redelivered copy is dropped."""
+    deployment = Deployment(tmp_path, **FAST_REDELIVERY)
+    try:
+        deployment.start_beat("replica-1")
+        deployment.start_worker("worker-a", concurrency=1)
+        deployment.start_worker("worker-b", concurrency=1)
+        deployment.wait_ready()
+        task = _clocked(make_task, "long", sleep=9)
+        run = _run_in(task, Run.Status.SUCCEEDED, timeout=60)
+        time.sleep(1)
+        run.refresh_from_db()
+        log = "".join(deployment.log_path(w).read_text() for w in ("worker-a", "worker-b"))
+    finally:
+        deployment.stop()
+
+    assert [e["task_id"] for e in deployment.executions()] == [run.task_id]
+    assert (run.status, run.executions, run.suppressed) == (Run.Status.SUCCEEDED, 1, 1)
+    assert "running on a live worker; retries=0, redelivered=True" in log

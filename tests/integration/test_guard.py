@@ -1,0 +1,141 @@
+"""The worker guard's decision on real PostgreSQL: one execution per run, retries, lost workers."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from django.db import connection
+
+from scheduling import guard, ledger
+from scheduling.models import Run
+from tests.integration.conftest import claim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def dispatched(make_task, recorder) -> Run:
+    """A manual run, claimed and dispatched."""
+    run = ledger.request_run(make_task(every=3600))
+    claim(recorder)
+    run.refresh_from_db()
+    assert run.status == Run.Status.DISPATCHED
+    return run
+
+
+def begin(run: Run, *, retries: int = 0, redelivered: bool = False, exclusive: bool = True):
+    return ledger.begin_execution(
+        run.task_id, "w1@host", retries=retries, redelivered=redelivered, exclusive=exclusive
+    )
+
+
+def counters(run: Run) -> tuple[str, int, int, int]:
+    run.refresh_from_db()
+    return run.status, run.retries, run.executions, run.suppressed
+
+
+def test_first_delivery_executes_and_a_duplicate_on_a_live_worker_is_suppressed(dispatched):
+    first = begin(dispatched)
+    assert (first.execute, first.tracked, first.reason) == (True, True, "first delivery")
+    assert counters(dispatched) == (Run.Status.RUNNING, 0, 1, 0)
+    assert dispatched.worker == "w1@host"
+
+    # A re-publish while the lock is held elsewhere, and a redelivery with the lock held.
+    assert begin(dispatched, exclusive=False).execute is False
+    assert begin(dispatched, redelivered=True, exclusive=False).execute is False
+    # A re-publish (not redelivered) with the lock free: no evidence the worker died.
+    assert begin(dispatched).execute is False
+    assert counters(dispatched) == (Run.Status.RUNNING, 0, 1, 3)
+
+
+def test_a_finished_run_is_never_executed_again(dispatched):
+    begin(dispatched)
+    ledger.record_finished(dispatched.task_id, Run.Status.SUCCEEDED, retries=0)
+    late = begin(dispatched, redelivered=True)
+    assert (late.execute, late.reason) == (False, "already succeeded")
+    assert counters(dispatched) == (Run.Status.SUCCEEDED, 0, 1, 1)
+
+
+def test_a_redelivery_after_the_worker_died_executes_once_more(dispatched):
+    begin(dispatched)
+    again = begin(dispatched, redelivered=True)  # the lock was free: its holder is gone
+    assert (again.execute, again.reason) == (
+        True, "re-executed: redelivered, and the worker that ran it is gone"
+    )
+    assert counters(dispatched) == (Run.Status.RUNNING, 0, 2, 0)
+    assert Run.objects.get(pk=dispatched.pk).reason == again.reason
+
+
+def test_celery_retries_execute_and_stale_attempts_do_not(dispatched):
+    begin(dispatched)
+    assert ledger.record_retry(dispatched.task_id, "Retry in 0s", retries=0)
+    assert counters(dispatched) == (Run.Status.RETRYING, 0, 1, 0)
+    assert begin(dispatched, redelivered=True).execute is False  # attempt 0 again
+    assert begin(dispatched, retries=1).execute is True
+    # The next attempt's message overtook attempt 1's retry signal: the run stays running.
+    assert begin(dispatched, retries=2).execute is True
+    assert ledger.record_retry(dispatched.task_id, "late", retries=1) is False
+    assert ledger.record_finished(dispatched.task_id, Run.Status.FAILED, "x", retries=1) is False
+    assert ledger.record_finished(dispatched.task_id, Run.Status.SUCCEEDED, retries=2) is True
+    assert counters(dispatched) == (Run.Status.SUCCEEDED, 2, 3, 1)
+
+
+def test_a_run_whose_claim_rolled_back_is_adopted_by_its_first_delivery(make_task):
+    run = ledger.request_run(make_task(every=3600))  # pending: published, claim not committed
+    decision = begin(run)
+    assert decision.execute is True
+    run.refresh_from_db()
+    assert (run.status, run.executions) == (Run.Status.RUNNING, 1)
+    assert run.dispatched_at == run.started_at
+
+
+def test_unknown_task_ids_execute_untracked_and_cancelled_runs_are_dropped(make_task):
+    assert ledger.begin_execution(
+        "not-a-run", "w", retries=0, redelivered=False, exclusive=True
+    ) == ledger.Execution(True, False, "no run has this task id")
+    run = ledger.request_run(make_task(every=3600))
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.CANCELLED)
+    assert (begin(run).execute, begin(run).reason) == (False, "already cancelled")
+
+
+def test_expired_and_unknown_close_only_runs_not_started(dispatched, make_task):
+    assert ledger.record_not_executed(
+        dispatched.task_id, Run.Status.EXPIRED, "message expired before a worker took it"
+    )
+    dispatched.refresh_from_db()
+    assert (dispatched.status, dispatched.reason) == (
+        Run.Status.EXPIRED, "message expired before a worker took it"
+    )
+    assert dispatched.finished_at is not None
+    running = ledger.request_run(make_task(every=3600))
+    begin(running)
+    assert not ledger.record_not_executed(running.task_id, Run.Status.FAILED, "unknown task")
+    assert Run.objects.get(pk=running.pk).status == Run.Status.RUNNING
+
+
+def _other_session() -> psycopg.Connection:
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return psycopg.connect(**params, autocommit=True)
+
+
+def _try(conn: psycopg.Connection, key: str) -> bool:
+    return conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [key]).fetchone()[0]
+
+
+def test_the_execution_lock_is_freed_when_its_session_ends():
+    key = guard.lock_key("some-task-id", 0)
+    assert guard.liveness.try_lock(key) is True
+    assert guard.liveness.try_lock(key) is False  # the same attempt again in this process
+    other = _other_session()
+    try:
+        assert _try(other, key) is False
+        assert _try(other, guard.lock_key("some-task-id", 1)) is True  # another attempt
+        guard.liveness._conn.close()  # the process "dies": its session ends
+        assert _try(other, key) is True
+    finally:
+        other.close()
+        guard.liveness.unlock(key)
+    assert guard.liveness.try_lock(key) is True  # a fresh session, nothing held
+    guard.liveness.close()
