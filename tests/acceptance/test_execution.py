@@ -155,3 +155,32 @@ def test_a_redelivery_while_the_run_executes_on_a_live_worker_is_suppressed(
     assert [e["task_id"] for e in deployment.executions()] == [run.task_id]
     assert (run.status, run.executions, run.suppressed) == (Run.Status.SUCCEEDED, 1, 1)
     assert "running on a live worker; retries=0, redelivered=True" in log
+
+
+def test_expired_messages_and_unknown_task_names_end_their_runs(deployment: Deployment, make_task):
+    """Lifecycle: a message expired before a worker took it; a task name the worker lacks."""
+    deployment.start_beat("replica-1")
+    deployment.wait_ready()
+    stale = make_task(
+        clocked=ledger.database_now() + timedelta(seconds=1), name="stale", expire_seconds=1
+    )
+    stale_run = _run_in(stale, Run.Status.DISPATCHED)
+    unknown = make_task(every=3600, name="unknown", task="project.tasks.not_there")
+    unknown_run = Run.objects.create(
+        periodic_task=unknown, periodic_task_name=unknown.name, task=unknown.task,
+        scheduled_for=ledger.database_now(), trigger=Run.Trigger.MANUAL,
+        status=Run.Status.DISPATCHED, task_id="c0ffee00-0000-4000-8000-000000000001",
+    )
+    deployment.publish_copy(unknown_run)  # as a beat whose app knows the name would
+    time.sleep(2)  # the stale message's expiry passes before any worker runs
+    deployment.start_worker("worker-1", concurrency=1)
+
+    stale_run = _run_in(stale, Run.Status.EXPIRED, timeout=60)
+    assert stale_run.reason == "message expired before a worker took it"
+    assert stale_run.executions == 0 and stale_run.finished_at is not None
+    unknown_run = _run_in(unknown, Run.Status.FAILED, timeout=30)
+    assert unknown_run.reason == "unknown task on the worker"
+    assert unknown_run.error.startswith(
+        "unknown task name 'project.tasks.not_there': not registered on worker worker-1@"
+    )
+    assert deployment.executions() == []
