@@ -32,6 +32,12 @@ DEFAULTS: dict[str, _Setting] = {
     "RECONCILE_INTERVAL": _Setting(
         60.0, "Seconds between full reconcile passes, besides the ones triggered by edits."
     ),
+    "OVERLAP_STALE_SECONDS": _Setting(
+        3600.0,
+        "Overlap policy skip: an unfinished run dispatched longer ago than this (seconds) no "
+        "longer blocks the next one (a lost worker cannot block a task forever). Per task: "
+        "TaskPolicy.overlap_stale_seconds.",
+    ),
     "STATEMENT_TIMEOUT": _Setting(5.0, "statement_timeout of the scheduler's session, seconds."),
     "IDLE_IN_TRANSACTION_TIMEOUT": _Setting(
         10.0,
@@ -74,6 +80,10 @@ class Conf:
     @property
     def reconcile_interval(self) -> float:
         return float(self._get("RECONCILE_INTERVAL"))  # type: ignore[arg-type]
+
+    @property
+    def overlap_stale_seconds(self) -> float:
+        return float(self._get("OVERLAP_STALE_SECONDS"))  # type: ignore[arg-type]
 
     @property
     def statement_timeout(self) -> float:

@@ -23,7 +23,8 @@ from django_celery_beat.models import PeriodicTask, PeriodicTasks
 from scheduling import slots
 from scheduling.exceptions import RunRejected, ScheduleError
 from scheduling.messages import Message, build_message
-from scheduling.models import Run
+from scheduling.conf import conf
+from scheduling.models import Run, TaskPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -330,14 +331,20 @@ def claim_and_dispatch(
 
     A run later than ``grace`` after its slot is a misfire and is coalesced: it is dispatched once
     and records how many slots it stands for; the next run is planned after the database clock.
+
+    Overlap policy skip (``TaskPolicy``): a scheduled or backfill run due while an earlier run of
+    its task is dispatched, running or retrying (dispatched less than the staleness bound ago:
+    ``overlap_stale_seconds``, else ``SCHEDULING_OVERLAP_STALE_SECONDS``), or dispatched earlier in
+    this batch, is recorded skipped with the reason, and the next slot is planned as usual. The
+    claim query loads the policy and the newest unfinished run's dispatch time with each row.
     """
     with transaction.atomic(using=using):
         runs = list(
             Run.objects.using(using)
             .pending()
             .filter(scheduled_for__lte=ClockTimestamp())
-            .select_related(*_SCHEDULE_RELATED)
-            .annotate(db_now=ClockTimestamp())
+            .select_related(*_SCHEDULE_RELATED, "periodic_task__scheduling_policy")
+            .annotate(db_now=ClockTimestamp(), busy_since=_busy_since())
             .order_by("scheduled_for", "pk")
             .select_for_update(skip_locked=True, of=("self",))[:batch_size]
         )
@@ -346,9 +353,13 @@ def claim_and_dispatch(
         claimed_at, started = runs[0].db_now, time.monotonic()
         following: list[Run] = []
         task_updates: dict[int, _TaskUpdate] = {}
+        busy: set[int] = set()
         for run in runs:
             now = claimed_at + timedelta(seconds=time.monotonic() - started)
+            run.overlap = _overlap(run, busy)
             nxt, over = _dispatch_one(run, publish, now, grace, replica_id)
+            if run.status == Run.Status.DISPATCHED and run.periodic_task_id is not None:
+                busy.add(run.periodic_task_id)
             task = run.periodic_task
             if task is None or run.trigger != Run.Trigger.SCHEDULE:
                 continue
@@ -389,7 +400,52 @@ def claim_and_dispatch(
                 item.periodic_task_name, item.task_id, item.lateness or 0.0,
                 extra={"action": "dispatch", "replica": replica_id},
             )
+        elif item.status == Run.Status.SKIPPED:
+            logger.info(
+                "skipped %s (task id %s): the previous run is not finished",
+                item.periodic_task_name, item.task_id,
+                extra={"action": "skip", "replica": replica_id},
+            )
     return result
+
+
+def _busy_since() -> Case:
+    """The newest dispatch time of an unfinished run of the row's task, for overlap skip only."""
+    unfinished = Run.objects.filter(
+        periodic_task=OuterRef("periodic_task"), status__in=Run.UNFINISHED_STATUSES
+    ).order_by("-dispatched_at")
+    return Case(
+        When(
+            periodic_task__scheduling_policy__overlap_policy=TaskPolicy.Overlap.SKIP,
+            then=Subquery(unfinished.values("dispatched_at")[:1]),
+        ),
+        default=None,
+        output_field=DateTimeField(),
+    )
+
+
+def _overlap(run: Run, busy: set[int]) -> str:
+    """Return why ``run`` is skipped under its task's overlap policy, or "" to dispatch it."""
+    task = run.periodic_task
+    if task is None or run.trigger == Run.Trigger.MANUAL:
+        return ""
+    policy = getattr(task, "scheduling_policy", None)
+    if policy is None or policy.overlap_policy != TaskPolicy.Overlap.SKIP:
+        return ""
+    if task.pk in busy:
+        return "overlap: an earlier run of this task was dispatched in the same batch"
+    since = run.busy_since  # type: ignore[attr-defined]
+    if since is None:
+        return ""
+    stale = policy.overlap_stale_seconds
+    bound = timedelta(seconds=conf.overlap_stale_seconds if stale is None else stale)
+    if run.db_now - since > bound:  # type: ignore[attr-defined]
+        logger.warning(
+            "run of %r at %s: the unfinished run dispatched at %s is older than %s; not skipping",
+            task.name, run.scheduled_for, since, bound, extra={"action": "overlap_stale"},
+        )
+        return ""
+    return f"overlap: the run dispatched at {since.isoformat()} is not finished"
 
 
 @dataclass
@@ -444,6 +500,9 @@ def _dispatch_one(
                 "cannot plan the run after %s of %r: %s", run.scheduled_for, task.name, exc,
                 extra={"action": "plan"},
             )
+    if getattr(run, "overlap", ""):  # overlap policy skip (claim_and_dispatch decides)
+        _close(run, Run.Status.SKIPPED, run.overlap, now)  # type: ignore[attr-defined]
+        return nxt, over
     try:
         publish(build_message(run, task))
     except RunRejected as exc:

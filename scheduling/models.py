@@ -189,6 +189,12 @@ class Run(models.Model):
             ),
             models.Index(fields=["periodic_task", "-scheduled_for"], name="scheduling_run_recent"),
             models.Index(fields=["task_id"], name="scheduling_run_task_id"),
+            # "Is a run of this task still going?" (overlap policy, in the claim query).
+            models.Index(
+                fields=["periodic_task", "-dispatched_at"],
+                condition=Q(status__in=["dispatched", "running", "retrying"]),
+                name="scheduling_run_unfinished",
+            ),
         ]
 
     def __str__(self) -> str:
