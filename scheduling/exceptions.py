@@ -2,7 +2,8 @@
 
     SchedulingError
     ├── ScheduleError      a schedule definition gives no usable slot (bad crontab, zero interval)
-    └── RunRejected        one run cannot be published (bad args JSON, unknown task name)
+    ├── RunRejected        one run cannot be published (bad args JSON, unknown task name)
+    └── BackfillRejected   a backfill range is not a past range
 
 Broker and database errors are not wrapped: they abort the claim transaction, which is the point.
 """
@@ -20,3 +21,7 @@ class ScheduleError(SchedulingError):
 
 class RunRejected(SchedulingError):
     """A run cannot be published; it is recorded as failed with this message as its reason."""
+
+
+class BackfillRejected(SchedulingError):
+    """A backfill request cannot be served (range empty, reversed or not in the past)."""

@@ -130,14 +130,29 @@ def initial_run(
     return next_run(task, floor)
 
 
-def task_id_for(periodic_task_id: int, scheduled_for: datetime) -> str:
+def task_id_for(periodic_task_id: int, scheduled_for: datetime, trigger: str = "schedule") -> str:
     """Return the deterministic Celery task id of a scheduled run (a UUID5 string).
 
     Every replica derives the same id for (periodic task id, slot), so a run re-published after a
-    crash carries the id of the first publish (invariant 2, docs/architecture.md).
+    crash carries the id of the first publish (invariant 2, docs/architecture.md). A backfill run
+    of the same slot (``trigger="backfill"``) gets an id of its own.
     """
     stamp = scheduled_for.astimezone(UTC).isoformat(timespec="microseconds")
-    return str(uuid.uuid5(_NAMESPACE, f"{periodic_task_id}@{stamp}"))
+    prefix = "" if trigger == "schedule" else f"{trigger}:"
+    return str(uuid.uuid5(_NAMESPACE, f"{prefix}{periodic_task_id}@{stamp}"))
+
+
+def slots_between(task: PeriodicTask, since: datetime, until: datetime) -> Iterator[datetime]:
+    """Yield the slots of ``task`` in ``[since, until)``, in order (``next_run`` chaining).
+
+    Raises ScheduleError when the schedule cannot produce a slot.
+    """
+    _require_aware(since, "since")
+    _require_aware(until, "until")
+    slot = next_run(task, since - _TICK)
+    while slot is not None and slot < until:
+        yield slot
+        slot = next_run(task, slot)
 
 
 def _next_slot(task: PeriodicTask, after: datetime) -> datetime | None:
