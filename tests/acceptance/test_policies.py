@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from scheduling import ledger
 from scheduling.models import Run, TaskPolicy
-from tests.acceptance.deployment import Deployment, broker_task_ids
+from tests.acceptance.deployment import Deployment, broker_is_redis, broker_task_ids
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
@@ -65,3 +66,81 @@ def test_c09_overlap_skip_queues_at_most_one_run_while_workers_are_away(
     assert executed == [first.task_id]  # one run executes when workers return, not 20
     skipped = during.filter(status=Run.Status.SKIPPED).first()
     assert skipped.reason.startswith("overlap: the run dispatched at ")
+
+
+def test_run_now_from_the_admin_and_the_command_dispatches_and_executes_once_each(
+    deployment: Deployment, client
+):
+    """Acceptance 5: admin action (with and without permission) and ``manage.py run_now``."""
+    from django.contrib.auth.models import Permission, User
+    from django.core.management import call_command
+    from django.urls import reverse
+
+    deployment.start_beat("replica-1")
+    deployment.start_worker("worker-1", concurrency=1)
+    deployment.wait_ready()
+    every, _ = IntervalSchedule.objects.get_or_create(every=1, period="hours")
+    task = PeriodicTask.objects.create(name="manual", task="project.tasks.record", interval=every)
+    changelist = reverse("admin:django_celery_beat_periodictask_changelist")
+    action = {"action": "run_tasks", "_selected_action": [task.pk]}
+
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_periodictask"))
+    client.force_login(viewer)
+    client.post(changelist, action, follow=True)
+    assert Run.objects.filter(trigger=Run.Trigger.MANUAL).count() == 0
+
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    response = client.post(changelist, action, follow=True)
+    assert "1 manual run(s) queued" in response.content.decode()
+    call_command("run_now", "manual", "--requested-by", "cli")
+
+    manual = Run.objects.filter(trigger=Run.Trigger.MANUAL)
+    _wait_until(lambda: manual.filter(status=Run.Status.SUCCEEDED).count() == 2, timeout=60)
+    time.sleep(1)
+    runs = {r.requested_by: r for r in manual}
+    assert sorted(runs) == ["cli", "root"]
+    assert {(r.claimed_by, r.executions, r.suppressed) for r in runs.values()} == {
+        ("replica-1", 1, 0)
+    }
+    executed = Counter(e["task_id"] for e in deployment.executions())
+    assert executed == Counter({r.task_id: 1 for r in runs.values()})
+    if not broker_is_redis():  # the SQL transport keeps delivered messages: one each
+        assert Counter(broker_task_ids(deployment.queue)) == executed
+
+
+def test_backfill_of_ten_slots_twice_runs_each_slot_once_in_order(deployment: Deployment):
+    """Acceptance 6: ``manage.py backfill`` twice over a 10-slot past range."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    deployment.start_beat("replica-1")
+    deployment.start_worker("worker-1", concurrency=1)
+    deployment.wait_ready()
+    every, _ = IntervalSchedule.objects.get_or_create(every=1, period="minutes")
+    start = (ledger.database_now() - timedelta(hours=1)).replace(second=0, microsecond=0)
+    task = PeriodicTask.objects.create(
+        name="report", task="project.tasks.record", interval=every, start_time=start
+    )
+    since, until = start.isoformat(), (start + timedelta(minutes=10)).isoformat()
+    out = StringIO()
+    call_command("backfill", "report", "--since", since, "--until", until, stdout=out)
+    backfill = Run.objects.filter(trigger=Run.Trigger.BACKFILL)
+    _wait_until(lambda: backfill.filter(status=Run.Status.SUCCEEDED).count() == 10, timeout=60)
+    call_command("backfill", "report", "--since", since, "--until", until, stdout=out)
+    time.sleep(2)
+
+    runs = list(backfill.order_by("scheduled_for"))
+    assert [r.scheduled_for for r in runs] == [start + timedelta(minutes=i) for i in range(10)]
+    assert {(r.status, r.executions, r.suppressed) for r in runs} == {
+        (Run.Status.SUCCEEDED, 1, 0)
+    }
+    dispatched = [r.dispatched_at for r in runs]
+    assert dispatched == sorted(dispatched)
+    ids = [r.task_id for r in runs]
+    assert [e["task_id"] for e in deployment.executions() if e["task_id"] in ids] == ids
+    lines = out.getvalue().splitlines()
+    assert lines[-1].endswith("10 slots, 0 new runs, 10 already there")
+    assert any(line.endswith("10 slots, 10 new runs, 0 already there") for line in lines)
+    assert task.pk == runs[0].periodic_task_id

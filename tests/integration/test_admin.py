@@ -82,3 +82,40 @@ def test_periodic_task_page_shows_recent_runs(admin_client_, make_task, recorder
     ).content.decode()
     assert "Recent runs" in page
     assert "replica-7" in page and "dispatched" in page
+
+
+def _backfill_action(client, task, **range_):
+    data = {"action": "backfill_tasks", "_selected_action": [task.pk], **range_}
+    return client.post(
+        reverse("admin:django_celery_beat_periodictask_changelist"), data, follow=True
+    )
+
+
+def test_backfill_action_asks_for_a_range_then_creates_the_runs_once(admin_client_, make_task):
+    from tests.conftest import utc
+
+    task = make_task(every=60, start_time=utc(2026, 1, 5, 10, 0))
+    form = _backfill_action(admin_client_, task)
+    assert form.status_code == 200
+    assert 'name="since"' in form.content.decode()
+    assert Run.objects.count() == 0
+
+    range_ = {"since": "2026-01-05 10:00:00", "until": "2026-01-05 10:05:00", "apply": "1"}
+    done = _backfill_action(admin_client_, task, **range_)
+    again = _backfill_action(admin_client_, task, **range_)
+    assert "5 slots, 5 new backfill runs (0 already there)" in done.content.decode()
+    assert "5 slots, 0 new backfill runs (5 already there)" in again.content.decode()
+    assert list(
+        Run.objects.order_by("scheduled_for").values_list("trigger", "requested_by")
+    ) == [("backfill", "root")] * 5
+
+
+def test_backfill_action_needs_the_change_permission(client, make_task):
+    user = User.objects.create_user("viewer2", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_periodictask"))
+    client.force_login(user)
+    task = make_task(every=60)
+    _backfill_action(
+        client, task, since="2026-01-05 10:00:00", until="2026-01-05 10:05:00", apply="1"
+    )
+    assert Run.objects.count() == 0
