@@ -1,4 +1,4 @@
-"""The worker-side duplicate guard: at most one execution per run (DESIGN invariant 3).
+"""Worker-side duplicate guard: at most one execution per run (invariant 3, docs/architecture.md).
 
 Installed on every task by one line of Celery configuration (a task annotation)::
 

@@ -657,7 +657,9 @@ def _backfill_progress(
     return BackfillProgress(seen, created, last, min(1.0, fraction))
 
 
-def _insert_backfill(task: PeriodicTask, chunk: list[datetime], requested_by: str, using: str) -> int:
+def _insert_backfill(
+    task: PeriodicTask, chunk: list[datetime], requested_by: str, using: str
+) -> int:
     """Insert the backfill runs of ``chunk`` that do not exist yet; return how many are new."""
     if not chunk:
         return 0
@@ -800,7 +802,11 @@ def begin_execution(
             .select_for_update(of=("self",))
             # A live run first; a cancelled one only when no other has this task id.
             .order_by(
-                Case(When(status=Run.Status.CANCELLED, then=1), default=0, output_field=IntegerField()),
+                Case(
+                    When(status=Run.Status.CANCELLED, then=1),
+                    default=0,
+                    output_field=IntegerField(),
+                ),
                 "-pk",
             )
             .first()

@@ -140,7 +140,7 @@ class Deployment:
         return [r for r in records if r.get("phase", "end") == phase]
 
     def publish_copy(self, run: object) -> None:
-        """Publish the scheduler's message of ``run`` once more, as a re-publishing replica would."""
+        """Publish the scheduler's message of ``run`` again, as a re-publishing replica would."""
         from project.celery import app
         from scheduling.messages import build_message
 

@@ -31,13 +31,17 @@ def test_backfill_creates_one_run_per_slot_once_and_replicas_dispatch_them_in_or
     task = make_task(every=60, start_time=START)
     first = _backfill(task, "--since", "2026-01-05T10:00:00Z", "--until", "2026-01-05T10:10:00Z",
                       "--requested-by", "ops")
-    again = _backfill(task, "--since", "2026-01-05T10:00:00+00:00", "--until", "2026-01-05T10:10:00")
+    again = _backfill(
+        task, "--since", "2026-01-05T10:00:00+00:00", "--until", "2026-01-05T10:10:00"
+    )
 
     expected = [START + timedelta(minutes=i) for i in range(10)]
     runs = list(Run.objects.filter(trigger=Run.Trigger.BACKFILL).order_by("scheduled_for"))
     assert [r.scheduled_for for r in runs] == expected
     assert {(r.status, r.requested_by) for r in runs} == {(Run.Status.PENDING, "ops")}
-    assert [r.task_id for r in runs] == [slots.task_id_for(task.pk, s, "backfill") for s in expected]
+    assert [r.task_id for r in runs] == [
+        slots.task_id_for(task.pk, s, "backfill") for s in expected
+    ]
     assert first.splitlines()[-1].endswith("10 slots, 10 new runs, 0 already there")
     assert again.splitlines()[-1].endswith("10 slots, 0 new runs, 10 already there")
 
