@@ -413,7 +413,7 @@ def _busy_since() -> Case:
     """The newest dispatch time of an unfinished run of the row's task, for overlap skip only."""
     unfinished = Run.objects.filter(
         periodic_task=OuterRef("periodic_task"), status__in=Run.UNFINISHED_STATUSES
-    ).order_by("-dispatched_at")
+    ).order_by(F("dispatched_at").desc(nulls_last=True))
     return Case(
         When(
             periodic_task__scheduling_policy__overlap_policy=TaskPolicy.Overlap.SKIP,
