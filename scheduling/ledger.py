@@ -37,6 +37,9 @@ _SCHEDULE_RELATED = (
 )
 _TASK_RELATED = ("interval", "crontab", "clocked", "solar")
 _ERROR_LIMIT = 2000
+#: Most missed slots recorded as rows of their own by one misfire; past it the last row's
+#: ``slots`` counts the rest.
+MISSED_ROWS_LIMIT = 1000
 
 
 class ClockTimestamp(Func):
@@ -329,8 +332,9 @@ def claim_and_dispatch(
     Returns what was committed; an empty list when nothing was due or every due run is being
     claimed by another replica.
 
-    A run later than ``grace`` after its slot is a misfire and is coalesced: it is dispatched once
-    and records how many slots it stands for; the next run is planned after the database clock.
+    A run later than its grace period after its slot is a misfire, handled by the task's misfire
+    policy (``TaskPolicy``, loaded in the claim query; ``grace`` is the default grace period, a
+    task's ``misfire_grace_seconds`` overrides it): see ``_misfire``.
 
     Overlap policy skip (``TaskPolicy``): a scheduled or backfill run due while an earlier run of
     its task is dispatched, running or retrying (dispatched less than the staleness bound ago:
@@ -357,7 +361,7 @@ def claim_and_dispatch(
         for run in runs:
             now = claimed_at + timedelta(seconds=time.monotonic() - started)
             run.overlap = _overlap(run, busy)
-            nxt, over = _dispatch_one(run, publish, now, grace, replica_id)
+            nxt, over = _dispatch_one(run, publish, now, grace, replica_id, following)
             if run.status == Run.Status.DISPATCHED and run.periodic_task_id is not None:
                 busy.add(run.periodic_task_id)
             task = run.periodic_task
@@ -465,12 +469,18 @@ def _over(task: PeriodicTask, run: Run) -> bool:
 
 
 def _dispatch_one(
-    run: Run, publish: Publish, now: datetime, grace: timedelta, replica_id: str
+    run: Run,
+    publish: Publish,
+    now: datetime,
+    grace: timedelta,
+    replica_id: str,
+    missed: list[Run] | None = None,
 ) -> tuple[datetime | None, bool]:
     """Publish one claimed run and set its outcome fields.
 
     Returns ``(next slot to plan or None, whether the task's schedule is over)``. A schedule that
     fails to give a next slot is logged and left enabled; the reconcile pass records its error.
+    Rows for slots a misfire records as missed are appended to ``missed`` (to be inserted).
     """
     task = run.periodic_task
     run.claimed_by = replica_id
@@ -488,18 +498,21 @@ def _dispatch_one(
     over = scheduled and task.one_off
     if scheduled and not task.one_off:
         try:
-            if now - run.scheduled_for > grace:
-                missed, nxt = slots.slots_through(task, run.scheduled_for, now)
-                run.slots = 1 + missed
-                run.reason = f"misfire: coalesced {run.slots} slots"
-            else:
+            late = _misfire(run, task, now, grace, replica_id)
+            if late is None:
                 nxt = slots.next_run(task, run.scheduled_for)
+            else:
+                nxt, rows = late
+                if missed is not None:
+                    missed.extend(rows)
             over = nxt is None
         except ScheduleError as exc:
             logger.error(
                 "cannot plan the run after %s of %r: %s", run.scheduled_for, task.name, exc,
                 extra={"action": "plan"},
             )
+        if run.status == Run.Status.MISSED:
+            return nxt, over
     if getattr(run, "overlap", ""):  # overlap policy skip (claim_and_dispatch decides)
         _close(run, Run.Status.SKIPPED, run.overlap, now)  # type: ignore[attr-defined]
         return nxt, over
@@ -515,6 +528,73 @@ def _dispatch_one(
     run.status = Run.Status.DISPATCHED
     run.dispatched_at = now
     return nxt, over
+
+
+def _misfire(
+    run: Run, task: PeriodicTask, now: datetime, default_grace: timedelta, replica_id: str
+) -> tuple[datetime | None, list[Run]] | None:
+    """Apply the task's misfire policy to a claimed run; None when the run is not a misfire.
+
+    The run is a misfire when ``now - scheduled_for`` exceeds the grace period: the task's
+    ``TaskPolicy.misfire_grace_seconds`` (seconds) when set, else ``default_grace``. Returns
+    ``(next slot to plan or None, rows of missed slots to insert)`` and sets the run's fields:
+
+    - coalesce (the default, also for a task without a policy row): the run is dispatched once,
+      standing for itself and every slot up to ``now`` (``slots``); the next slot is after ``now``.
+    - skip: the run and every later slot at or before ``now - grace`` are recorded ``missed``
+      (one row each, at most MISSED_ROWS_LIMIT more; the last row's ``slots`` counts the rest);
+      the next slot is the first one after ``now - grace`` (it is dispatched at once if already
+      due: a slot still inside its grace period runs under every policy).
+    - catch_up: the missed slots (this run's and the later ones at or before ``now - grace``) are
+      dispatched one by one in order, one run each, the most recent ``catch_up_limit`` of them;
+      older ones are recorded ``missed`` like skip. The rule is stateless: each late run of the
+      replay counts the missed slots after it, so the replay stops being late after the cap.
+
+    Raises ScheduleError when the schedule cannot produce the following slots.
+    """
+    policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
+    grace = default_grace
+    if policy is not None and policy.misfire_grace_seconds is not None:
+        grace = timedelta(seconds=policy.misfire_grace_seconds)
+    lateness = now - run.scheduled_for
+    if lateness <= grace:
+        return None
+    kind = TaskPolicy.Misfire.COALESCE if policy is None else policy.misfire_policy
+    if kind == TaskPolicy.Misfire.CATCH_UP or kind == TaskPolicy.Misfire.SKIP:
+        assert policy is not None
+        later, following = slots.slots_through(task, run.scheduled_for, now - grace)
+        limit = policy.catch_up_limit if kind == TaskPolicy.Misfire.CATCH_UP else 0
+        if later < limit:  # among the most recent ``limit`` missed slots: dispatch it
+            run.reason = f"misfire: caught up {lateness.total_seconds():.3f} s late"
+            return slots.next_run(task, run.scheduled_for), []
+        skipped = later + 1 - limit  # this run and the following slots that will not run
+        if limit:
+            following = slots.nth_slot_after(task, run.scheduled_for, skipped)
+        reason = (
+            f"misfire: {kind} policy, {lateness.total_seconds():.3f} s late"
+            f" (grace {grace.total_seconds():g} s)"
+        )
+        _close(run, Run.Status.MISSED, reason, now)
+        rows = [
+            _planned(
+                task, slot, status=Run.Status.MISSED, reason=reason, claimed_by=replica_id,
+                finished_at=now,
+            )
+            for slot in slots.slots_after(
+                task, run.scheduled_for, min(skipped - 1, MISSED_ROWS_LIMIT)
+            )
+        ]
+        if rows and skipped - 1 > MISSED_ROWS_LIMIT:
+            rows[-1].slots = skipped - MISSED_ROWS_LIMIT
+        logger.warning(
+            "misfire of %r: %d slots from %s recorded missed (%s policy)",
+            task.name, skipped, run.scheduled_for, kind, extra={"action": "misfire"},
+        )
+        return following, rows
+    missed, nxt = slots.slots_through(task, run.scheduled_for, now)
+    run.slots = 1 + missed
+    run.reason = f"misfire: coalesced {run.slots} slots"
+    return nxt, []
 
 
 def _close(run: Run, status: str, reason: str, now: datetime, error: str = "") -> None:

@@ -96,6 +96,46 @@ def slots_through(task: PeriodicTask, slot: datetime, until: datetime) -> tuple[
     return count, following
 
 
+def slots_after(task: PeriodicTask, slot: datetime, count: int) -> list[datetime]:
+    """Return the next ``count`` slots of ``task`` after ``slot``, in order (fewer if it ends).
+
+    ``count`` >= 0. Used to record missed slots one ledger row each. Raises ScheduleError like
+    ``next_run``.
+    """
+    found: list[datetime] = []
+    current: datetime | None = slot
+    while len(found) < count and current is not None:
+        current = nth_slot_after(task, current, 1)
+        if current is not None:
+            found.append(current)
+    return found
+
+
+def nth_slot_after(task: PeriodicTask, slot: datetime, n: int) -> datetime | None:
+    """Return the ``n``-th slot of ``task`` after ``slot`` (n >= 1), or None past its end.
+
+    Intervals are computed directly (``slot + n * every`` on the task's grid); other schedules
+    step through ``next_run`` n times. Raises ScheduleError like ``next_run``.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    step = _interval_step(task)
+    if step is not None:
+        first = next_run(task, slot)
+        if first is None:
+            return None
+        target = first + (n - 1) * step
+        if task.expires is not None and target >= task.expires:
+            return None
+        return target
+    current: datetime | None = slot
+    for _ in range(n):
+        if current is None:
+            return None
+        current = next_run(task, current)
+    return current
+
+
 def initial_run(
     task: PeriodicTask,
     now: datetime,

@@ -1,0 +1,148 @@
+"""Misfire policies applied in the claim path, on real PostgreSQL (CASES C04, DESIGN misfire)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django_celery_beat.models import PeriodicTask
+
+from scheduling import ledger, slots
+from scheduling.models import Run, TaskPolicy
+from tests.integration.conftest import GRACE, claim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVERY = timedelta(seconds=10)
+
+
+def _late_task(make_task, policy: str | None, *, grace: int | None = 5, limit: int = 100,
+               late_by: float = 67.0) -> tuple[PeriodicTask, datetime]:
+    """An interval task (every 10 s) whose pending run is its start_time, ``late_by`` s ago."""
+    first = ledger.database_now() - timedelta(seconds=late_by)
+    task = make_task(every=10, start_time=first)
+    if policy is not None:
+        TaskPolicy.objects.create(
+            periodic_task=task, misfire_policy=policy, misfire_grace_seconds=grace,
+            catch_up_limit=limit,
+        )
+    ledger.reconcile(GRACE)
+    Run.objects.pending().filter(periodic_task=task).update(
+        scheduled_for=first, task_id=slots.task_id_for(task.pk, first)
+    )
+    return task, first
+
+
+def _claim_all(recorder) -> None:
+    while [d for d in claim(recorder) if d.status != Run.Status.PENDING]:
+        pass
+
+
+def _ledger(task: PeriodicTask) -> list[tuple[datetime, str, int]]:
+    return list(
+        Run.objects.filter(periodic_task=task).order_by("scheduled_for")
+        .values_list("scheduled_for", "status", "slots")
+    )
+
+
+def test_c04_skip_records_every_missed_slot_and_plans_the_next_future_one(make_task, recorder):
+    # slots S0..S6 are more than 5 s (the task's grace) in the past; S7 is 3 s ahead
+    task, s0 = _late_task(make_task, TaskPolicy.Misfire.SKIP)
+    _claim_all(recorder)
+
+    assert _ledger(task) == [
+        *[(s0 + k * EVERY, Run.Status.MISSED, 1) for k in range(7)],
+        (s0 + 7 * EVERY, Run.Status.PENDING, 1),
+    ]
+    assert recorder.messages == []
+    reasons = set(Run.objects.filter(status=Run.Status.MISSED).values_list("reason", flat=True))
+    assert len(reasons) == 1 and reasons.pop().startswith("misfire: skip policy, 67.")
+    task.refresh_from_db()
+    assert (task.total_run_count, task.last_run_at) == (0, None)
+
+
+def test_catch_up_dispatches_the_most_recent_missed_slots_up_to_the_cap(make_task, recorder):
+    task, s0 = _late_task(make_task, TaskPolicy.Misfire.CATCH_UP, limit=3)
+    _claim_all(recorder)
+
+    assert _ledger(task) == [
+        *[(s0 + k * EVERY, Run.Status.MISSED, 1) for k in range(4)],
+        *[(s0 + k * EVERY, Run.Status.DISPATCHED, 1) for k in range(4, 7)],
+        (s0 + 7 * EVERY, Run.Status.PENDING, 1),
+    ]
+    assert recorder.task_ids == [slots.task_id_for(task.pk, s0 + k * EVERY) for k in range(4, 7)]
+    task.refresh_from_db()
+    assert (task.total_run_count, task.last_run_at) == (3, s0 + 6 * EVERY)
+
+
+def test_catch_up_under_the_cap_dispatches_every_missed_slot_in_order(make_task, recorder):
+    task, s0 = _late_task(make_task, TaskPolicy.Misfire.CATCH_UP, limit=100)
+    _claim_all(recorder)
+
+    assert _ledger(task) == [
+        *[(s0 + k * EVERY, Run.Status.DISPATCHED, 1) for k in range(7)],
+        (s0 + 7 * EVERY, Run.Status.PENDING, 1),
+    ]
+    assert recorder.task_ids == [slots.task_id_for(task.pk, s0 + k * EVERY) for k in range(7)]
+
+
+@pytest.mark.parametrize("policy", [None, TaskPolicy.Misfire.COALESCE])
+def test_c04_coalesce_dispatches_once_for_all_missed_slots(make_task, recorder, policy):
+    # without a policy row the global grace applies: 67 s late is past 60 s too
+    task, s0 = _late_task(make_task, policy)
+    _claim_all(recorder)
+
+    assert _ledger(task) == [
+        (s0, Run.Status.DISPATCHED, 7),
+        (s0 + 7 * EVERY, Run.Status.PENDING, 1),
+    ]
+    assert Run.objects.get(scheduled_for=s0).reason == "misfire: coalesced 7 slots"
+    assert recorder.task_ids == [slots.task_id_for(task.pk, s0)]
+
+
+@pytest.mark.parametrize("policy", list(TaskPolicy.Misfire))
+def test_c04_a_run_late_within_its_grace_is_dispatched_under_any_policy(
+    make_task, recorder, policy
+):
+    task, s0 = _late_task(make_task, policy, grace=30, late_by=25)
+    _claim_all(recorder)
+
+    assert _ledger(task) == [
+        (s0, Run.Status.DISPATCHED, 1),
+        (s0 + EVERY, Run.Status.DISPATCHED, 1),
+        (s0 + 2 * EVERY, Run.Status.DISPATCHED, 1),
+        (s0 + 3 * EVERY, Run.Status.PENDING, 1),
+    ]
+    assert Run.objects.get(scheduled_for=s0).reason == ""
+
+
+def test_per_task_grace_overrides_the_global_grace(make_task, recorder):
+    # 67 s late: a misfire for a 100 s grace? no. For the global 60 s: yes (coalesced)
+    patient, p0 = _late_task(make_task, TaskPolicy.Misfire.SKIP, grace=100)
+    _claim_all(recorder)
+    assert Run.objects.get(periodic_task=patient, scheduled_for=p0).status == "dispatched"
+
+
+def test_skip_records_at_most_the_row_limit_and_counts_the_rest(make_task, recorder, monkeypatch):
+    monkeypatch.setattr(ledger, "MISSED_ROWS_LIMIT", 3)
+    task, s0 = _late_task(make_task, TaskPolicy.Misfire.SKIP)
+    _claim_all(recorder)
+    assert _ledger(task) == [
+        (s0, Run.Status.MISSED, 1),
+        (s0 + EVERY, Run.Status.MISSED, 1),
+        (s0 + 2 * EVERY, Run.Status.MISSED, 1),
+        (s0 + 3 * EVERY, Run.Status.MISSED, 4),  # stands for S3..S6
+        (s0 + 7 * EVERY, Run.Status.PENDING, 1),
+    ]
+
+
+def test_the_policy_is_loaded_by_the_claim_query_not_per_run(make_task, recorder):
+    for policy in (TaskPolicy.Misfire.SKIP, TaskPolicy.Misfire.CATCH_UP, None, None):
+        _late_task(make_task, policy)
+    with CaptureQueriesContext(connection) as queries:
+        claim(recorder)
+    policy_queries = [q["sql"] for q in queries if "scheduling_taskpolicy" in q["sql"]]
+    assert len(policy_queries) == 1
+    assert "FOR UPDATE" in policy_queries[0]
