@@ -24,7 +24,7 @@ from scheduling import slots
 from scheduling.conf import conf
 from scheduling.exceptions import BackfillRejected, RunRejected, ScheduleError
 from scheduling.messages import Message, build_message
-from scheduling.models import Run, TaskPolicy
+from scheduling.models import Run, ScheduleChange, TaskPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,9 @@ _ERROR_LIMIT = 2000
 #: Most missed slots recorded as rows of their own by one misfire; past it the last row's
 #: ``slots`` counts the rest.
 MISSED_ROWS_LIMIT = 1000
+#: How long a definition change is looked at by reconcile passes (and kept): long enough for the
+#: editing transaction to have committed, so a plan made from the old definition is caught.
+CHANGE_RETENTION = timedelta(minutes=10)
 
 
 class ClockTimestamp(Func):
@@ -137,8 +140,9 @@ def reconcile(grace: timedelta, using: str = "default") -> int:
     """Bring the pending runs in line with the periodic tasks; return the number of runs planned.
 
     1. Pending runs of deleted tasks, and pending scheduled runs of disabled tasks, are cancelled.
-    2. Pending scheduled runs not yet due whose task was edited after they were planned are
-       cancelled and planned again from the new definition (when the slot changed).
+    2. Pending scheduled runs not yet due whose task or schedule row (crontab, interval, solar,
+       clocked, possibly shared by many tasks) changed are cancelled and planned again from the
+       new definition, when the slot changed (see ``_replan_edited``).
     3. Every enabled task without a pending scheduled run gets one (its next slot), or is disabled
        when its schedule is over (clocked time passed, expired, one-off done).
 
@@ -177,22 +181,41 @@ def _cancel_orphans(using: str) -> None:
 
 
 def _replan_edited(grace: timedelta, using: str) -> None:
+    """Re-plan the pending runs whose definition changed recently; cost follows the changes.
+
+    The change log (``ScheduleChange``, written by database triggers on every UPDATE of a periodic
+    task's scheduling columns or of a schedule row, including ``QuerySet.update()`` and raw SQL)
+    names what changed in the last CHANGE_RETENTION. Only the pending, not yet due scheduled runs
+    of tasks named there, or using a schedule row named there, are looked at: each gets its slot
+    recomputed from the current definition (``slots.initial_run``); a run whose slot moved is
+    cancelled ("schedule edited") and ``plan_missing`` plans the new one. A run whose slot did not
+    move is left alone, so looking at a change again (each pass within the retention) is
+    harmless; that also covers an edit whose transaction committed after the run was planned
+    from the old definition. Older change rows are deleted here.
+    """
     with transaction.atomic(using=using):
+        now = database_now(using)
+        ScheduleChange.objects.using(using).filter(changed_at__lt=now - CHANGE_RETENTION).delete()
+        changed: dict[str, set[int]] = {}
+        for kind, object_id in ScheduleChange.objects.using(using).values_list("kind", "object_id"):
+            changed.setdefault(kind, set()).add(object_id)
+        if not changed:
+            return
+        affected = Q()
+        for kind, ids in changed.items():
+            field = (
+                "periodic_task_id" if kind == ScheduleChange.Kind.TASK
+                else f"periodic_task__{kind}_id"
+            )
+            affected |= Q(**{f"{field}__in": sorted(ids)})
         edited = list(
             Run.objects.using(using)
             .pending()
             .scheduled()
-            .filter(
-                periodic_task__enabled=True,
-                periodic_task__date_changed__gt=F("planned_at"),
-                scheduled_for__gt=ClockTimestamp(),
-            )
+            .filter(affected, periodic_task__enabled=True, scheduled_for__gt=ClockTimestamp())
             .select_related(*_SCHEDULE_RELATED)
             .select_for_update(skip_locked=True, of=("self",))
         )
-        if not edited:
-            return
-        now = database_now(using)
         for run in edited:
             task = run.periodic_task
             try:
@@ -200,7 +223,6 @@ def _replan_edited(grace: timedelta, using: str) -> None:
             except ScheduleError:
                 slot = None
             if slot == run.scheduled_for:
-                Run.objects.using(using).filter(pk=run.pk).update(planned_at=ClockTimestamp())
                 continue
             Run.objects.using(using).filter(pk=run.pk).update(
                 status=Run.Status.CANCELLED, reason="schedule edited", finished_at=ClockTimestamp()

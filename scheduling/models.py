@@ -59,6 +59,37 @@ class TaskPolicy(models.Model):
         return f"misfire {self.misfire_policy}, overlap {self.overlap_policy}"
 
 
+class ScheduleChange(models.Model):
+    """One change of a periodic task's definition or of a schedule row, written by triggers.
+
+    PostgreSQL triggers (migration 0005) insert a row for every UPDATE that changes a crontab,
+    interval, solar or clocked row, or a periodic task's scheduling columns (schedule ids,
+    start_time, expires, one_off, enabled, date_changed), however it was made: ``save()``,
+    ``QuerySet.update()`` or raw SQL. The same statement moves django-celery-beat's change marker,
+    so every replica reconciles on its next tick, and ``ledger.reconcile`` re-plans only the
+    pending runs of the tasks these rows name: the cost follows what changed, not the number of
+    tasks. Rows older than ``ledger.CHANGE_RETENTION`` are pruned by the reconcile pass.
+    """
+
+    class Kind(models.TextChoices):
+        TASK = "task"
+        INTERVAL = "interval"
+        CRONTAB = "crontab"
+        SOLAR = "solar"
+        CLOCKED = "clocked"
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    object_id = models.IntegerField(help_text="Id of the periodic task or schedule row.")
+    changed_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes = [models.Index(fields=["changed_at"], name="scheduling_change_at")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.object_id} changed at {self.changed_at}"
+
+
 class RunQuerySet(models.QuerySet["Run"]):
     """Named states of the ledger."""
 

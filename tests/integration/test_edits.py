@@ -1,0 +1,130 @@
+"""Edits of periodic tasks and shared schedule rows, however made, re-plan within one tick."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask, PeriodicTasks
+
+from project.celery import app
+from scheduling import ledger, slots
+from scheduling.models import Run, ScheduleChange
+from scheduling.schedulers import LedgerScheduler
+from tests.integration.conftest import GRACE, claim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _pending(tasks) -> dict[int, tuple[int, int]]:
+    return {
+        r.periodic_task_id: (r.scheduled_for.hour, r.scheduled_for.minute)
+        for r in Run.objects.pending().filter(periodic_task__in=tasks)
+    }
+
+
+def _shared_crontab_tasks(make_task, n: int = 3) -> list[PeriodicTask]:
+    return [make_task(cron="0 3 * * *") for _ in range(n)]
+
+
+def _edit_by_save(crontab: CrontabSchedule) -> None:
+    crontab.hour = "5"
+    crontab.save()
+
+
+def _edit_by_update(crontab: CrontabSchedule) -> None:
+    CrontabSchedule.objects.filter(pk=crontab.pk).update(hour="5")
+
+
+def _edit_by_raw_sql(crontab: CrontabSchedule) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE django_celery_beat_crontabschedule SET hour = %s WHERE id = %s",
+            ["5", crontab.pk],
+        )
+
+
+@pytest.mark.parametrize("edit", [_edit_by_save, _edit_by_update, _edit_by_raw_sql])
+def test_editing_a_shared_crontab_moves_every_task_using_it_within_one_tick(make_task, edit):
+    tasks = _shared_crontab_tasks(make_task)
+    other = make_task(cron="0 4 * * *")
+    scheduler = LedgerScheduler(app=app)
+    scheduler.tick()
+    assert set(_pending(tasks).values()) == {(3, 0)}
+    old = list(Run.objects.pending().filter(periodic_task__in=tasks))
+
+    edit(tasks[0].crontab)
+    scheduler.tick()
+
+    assert _pending(tasks) == {t.pk: (5, 0) for t in tasks}
+    assert _pending([other]) == {other.pk: (4, 0)}
+    assert list(
+        Run.objects.filter(pk__in=[r.pk for r in old]).values_list("status", "reason")
+    ) == [(Run.Status.CANCELLED, "schedule edited")] * 3
+
+
+def test_queryset_update_of_a_task_is_caught(make_task):
+    task = make_task(cron="0 3 * * *")
+    scheduler = LedgerScheduler(app=app)
+    scheduler.tick()
+    later = CrontabSchedule.objects.create(minute="30", hour="6", timezone="UTC")
+    PeriodicTask.objects.filter(pk=task.pk).update(crontab=later)
+    scheduler.tick()
+    assert _pending([task]) == {task.pk: (6, 30)}
+
+
+def test_queryset_update_of_a_shared_interval_moves_its_tasks(make_task):
+    start = ledger.database_now() - timedelta(seconds=100)
+    tasks = [make_task(every=3600, start_time=start) for _ in range(2)]
+    ledger.reconcile(GRACE)
+    assert {r.scheduled_for for r in Run.objects.pending()} == {start + timedelta(hours=1)}
+    IntervalSchedule.objects.filter(pk=tasks[0].interval_id).update(every=1800)
+    ledger.reconcile(GRACE)
+    assert {r.scheduled_for for r in Run.objects.pending()} == {start + timedelta(minutes=30)}
+
+
+def test_reconcile_looks_only_at_the_tasks_whose_definition_changed(make_task, monkeypatch):
+    tasks = _shared_crontab_tasks(make_task, 2)
+    for _ in range(40):
+        make_task(cron="0 4 * * *")
+    ledger.reconcile(GRACE)
+    _edit_by_update(tasks[0].crontab)
+    looked_at: list[int] = []
+    initial_run = slots.initial_run
+
+    def counting(task, *args, **kwargs):
+        looked_at.append(task.pk)
+        return initial_run(task, *args, **kwargs)
+
+    monkeypatch.setattr(slots, "initial_run", counting)
+    ledger._replan_edited(GRACE, "default")
+    assert sorted(looked_at) == sorted(t.pk for t in tasks)
+
+
+def test_a_write_that_changes_nothing_logs_nothing_and_moves_no_marker(make_task):
+    task = make_task(cron="0 3 * * *")
+    marker = PeriodicTasks.last_change()
+    CrontabSchedule.objects.filter(pk=task.crontab_id).update(hour="3")
+    PeriodicTask.objects.filter(pk=task.pk).update(description="just a note")
+    assert ScheduleChange.objects.count() == 0
+    assert PeriodicTasks.last_change() == marker
+
+
+def test_dispatching_logs_no_change_and_triggers_no_reload(make_task, recorder):
+    task = make_task(every=3600, start_time=ledger.database_now() - timedelta(seconds=1))
+    ledger.reconcile(GRACE)
+    marker = PeriodicTasks.last_change()
+    assert [d.status for d in claim(recorder)] == [Run.Status.DISPATCHED]
+    task.refresh_from_db()
+    assert task.total_run_count == 1
+    assert ScheduleChange.objects.count() == 0
+    assert PeriodicTasks.last_change() == marker
+
+
+def test_old_change_rows_are_pruned(make_task):
+    task = make_task(cron="0 3 * * *")
+    _edit_by_update(task.crontab)
+    ScheduleChange.objects.update(changed_at=ledger.database_now() - timedelta(minutes=11))
+    ledger.reconcile(GRACE)
+    assert ScheduleChange.objects.count() == 0
