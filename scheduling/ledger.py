@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -131,6 +132,27 @@ def database_now(using: str = "default") -> datetime:
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()")
         return cursor.fetchone()[0]
+
+
+#: Key of the transaction-level advisory lock that serializes CELERY_BEAT_SCHEDULE syncs.
+_BEAT_SCHEDULE_LOCK = 0x5C4ED01E
+
+
+@contextmanager
+def beat_schedule_sync(using: str = "default") -> Iterator[None]:
+    """Run the body in one transaction that holds the beat_schedule sync lock.
+
+    ``pg_advisory_xact_lock`` makes replicas starting at once sync ``CELERY_BEAT_SCHEDULE`` one
+    after another: the first creates the periodic tasks and schedule rows, the others find them
+    and write nothing (django-celery-beat's schedule rows have no unique constraint, so without it
+    concurrent replicas create duplicates and then keep moving tasks between them). The lock ends
+    with the transaction (commit, rollback or a dead connection); the body should use a savepoint
+    (``transaction.atomic``) per entry so one bad entry does not roll back the others.
+    """
+    with transaction.atomic(using=using):
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_BEAT_SCHEDULE_LOCK])
+        yield
 
 
 # Planning ---------------------------------------------------------------------------------------

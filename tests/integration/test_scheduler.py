@@ -132,3 +132,44 @@ def test_broker_down_leaves_runs_pending_and_the_replica_alive(make_task):
         healthy.tick()
     run.refresh_from_db()
     assert run.status == Run.Status.DISPATCHED
+
+
+def test_concurrent_beat_schedule_syncs_create_each_task_and_schedule_row_once():
+    """Eight threads (eight connections) sync the same entries at once: no duplicate, no update."""
+    import threading
+
+    from django.db import connections
+    from django_celery_beat.models import CrontabSchedule, IntervalSchedule
+
+    from scheduling.models import ScheduleChange
+
+    entries = {
+        f"entry {i}": {
+            "task": "project.tasks.record",
+            "schedule": schedules.crontab(minute=i) if i % 2 else 20.0 + i,
+        }
+        for i in range(5)
+    }
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def sync() -> None:
+        try:
+            barrier.wait()
+            sync_beat_schedule(entries)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=sync) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert errors == []
+    assert sorted(PeriodicTask.objects.values_list("name", flat=True)) == sorted(entries)
+    assert sorted(IntervalSchedule.objects.values_list("every", flat=True)) == [20, 22, 24]
+    assert sorted(CrontabSchedule.objects.values_list("minute", flat=True)) == ["1", "3"]
+    assert ScheduleChange.objects.count() == 0  # no task was updated after its creation
