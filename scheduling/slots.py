@@ -152,6 +152,18 @@ def initial_run(
     were missed while no replica ran; the misfire rules cover the ones inside the grace period). A
     clocked task's single slot is planned however old it is, unless it has run; the misfire policy
     then decides what happens to it.
+
+    ``task.last_run_at`` is a previous run too (the ledger writes each dispatched slot there, and
+    django-celery-beat's stock ``DatabaseScheduler`` the instant it sent a run):
+
+    - no slot at or before it, and for an interval none less than one interval after it (stock
+      beat's own next run is ``last_run_at + every``; the ledger's slots stay on the task's grid,
+      so the first one is the first grid slot at or after ``last_run_at + every``);
+    - switching from stock beat (``last_slot`` is None, ``last_run_at`` set): the first slot after
+      it is planned however old it is, not only from ``now - grace``, so a slot that fell while
+      no scheduler ran is not dropped silently: the claim applies the task's misfire policy to
+      it (coalesce: dispatched once at once, standing for every missed slot; skip: recorded
+      missed; catch_up: replayed, capped). A slot stock beat already sent is never sent again.
     """
     if task.clocked_id is not None:
         # One slot per clocked time: a re-armed one-off (a new clocked time) runs again.
@@ -160,7 +172,14 @@ def initial_run(
         task.date_changed is None or task.date_changed <= last_slot
     ):
         return None  # a one-off that has run, and was not edited (re-armed) since
-    floor = max(f for f in (now - grace, last_slot, task.last_run_at) if f is not None)
+    previous = task.last_run_at
+    step = _interval_step(task)
+    if previous is not None and step is not None:
+        previous += step - _TICK
+    if last_slot is None and previous is not None:
+        floor = previous  # switching from stock beat: its last run is the previous slot
+    else:
+        floor = max(f for f in (now - grace, last_slot, previous) if f is not None)
     if task.date_changed is not None and task.date_changed > floor:
         if task.interval_id is not None and task.start_time is not None and task.start_time > floor:
             # An interval's start_time is its first slot, even when the task was saved just after
