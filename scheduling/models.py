@@ -65,8 +65,9 @@ class ScheduleChange(models.Model):
     PostgreSQL triggers (migration 0005) insert a row for every UPDATE that changes a crontab,
     interval, solar or clocked row, or a periodic task's scheduling columns (schedule ids,
     start_time, expires, one_off, enabled, date_changed), however it was made: ``save()``,
-    ``QuerySet.update()`` or raw SQL. The same statement moves django-celery-beat's change marker,
-    so every replica reconciles on its next tick, and ``ledger.reconcile`` re-plans only the
+    ``QuerySet.update()`` or raw SQL. The same statement moves django-celery-beat's change marker
+    (except for a change that only disables tasks: their due runs are cancelled by the claim), so
+    every replica reconciles on its next tick, and ``ledger.reconcile`` re-plans only the
     pending runs of the tasks these rows name: the cost follows what changed, not the number of
     tasks. Rows older than ``ledger.CHANGE_RETENTION`` are pruned by the reconcile pass.
     """

@@ -35,7 +35,19 @@ BEGIN
           IS DISTINCT FROM
           (o.interval_id, o.crontab_id, o.solar_id, o.clocked_id, o.start_time, o.expires,
            o.one_off, o.enabled, o.date_changed);
-    IF FOUND THEN
+    -- Disabling alone does not move the marker: the claim cancels a disabled task's due run
+    -- anyway, and the claim transaction disables finished tasks itself; locking the marker row
+    -- there could deadlock with an admin save (django-celery-beat locks the marker first).
+    IF EXISTS (
+        SELECT 1
+        FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o ON o.id = n.id
+        WHERE (n.interval_id, n.crontab_id, n.solar_id, n.clocked_id, n.start_time, n.expires,
+               n.one_off, n.date_changed)
+              IS DISTINCT FROM
+              (o.interval_id, o.crontab_id, o.solar_id, o.clocked_id, o.start_time, o.expires,
+               o.one_off, o.date_changed)
+           OR (n.enabled AND NOT o.enabled)
+    ) THEN
         PERFORM scheduling_touch_marker();
     END IF;
     RETURN NULL;

@@ -128,3 +128,14 @@ def test_old_change_rows_are_pruned(make_task):
     ScheduleChange.objects.update(changed_at=ledger.database_now() - timedelta(minutes=11))
     ledger.reconcile(GRACE)
     assert ScheduleChange.objects.count() == 0
+
+
+def test_disabling_alone_logs_the_change_but_moves_no_marker(make_task):
+    """The claim disables finished tasks in its own transaction: no marker lock there."""
+    task = make_task(cron="0 3 * * *")
+    marker = PeriodicTasks.last_change()
+    PeriodicTask.objects.filter(pk=task.pk).update(enabled=False)
+    assert PeriodicTasks.last_change() == marker
+    assert list(ScheduleChange.objects.values_list("kind", "object_id")) == [("task", task.pk)]
+    PeriodicTask.objects.filter(pk=task.pk).update(enabled=True)
+    assert PeriodicTasks.last_change() > marker
