@@ -291,7 +291,7 @@ def plan_missing(grace: timedelta, using: str = "default", chunk_size: int = 200
             last_slot=Subquery(latest.values("scheduled_for")[:1]),
             last_error=Subquery(latest.values("error")[:1]),
         )
-        .select_related(*_TASK_RELATED)
+        .select_related(*_TASK_RELATED, "scheduling_policy")
         .order_by("pk")
     )
     planned = 0
@@ -300,7 +300,9 @@ def plan_missing(grace: timedelta, using: str = "default", chunk_size: int = 200
     finished: list[int] = []
     for task in tasks.iterator(chunk_size=chunk_size):
         try:
-            slot = slots.initial_run(task, now, last_slot=task.last_slot, grace=grace)
+            slot = slots.initial_run(
+                task, now, last_slot=task.last_slot, grace=_task_grace(task, grace)
+            )
         except ScheduleError as exc:
             if task.last_error != str(exc):
                 logger.error(
@@ -597,9 +599,7 @@ def _misfire(
     Raises ScheduleError when the schedule cannot produce the following slots.
     """
     policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
-    grace = default_grace
-    if policy is not None and policy.misfire_grace_seconds is not None:
-        grace = timedelta(seconds=policy.misfire_grace_seconds)
+    grace = _task_grace(task, default_grace)
     lateness = now - run.scheduled_for
     if lateness <= grace:
         return None
@@ -639,6 +639,17 @@ def _misfire(
     run.slots = 1 + missed
     run.reason = f"misfire: coalesced {run.slots} slots"
     return nxt, []
+
+
+def _task_grace(task: PeriodicTask, default: timedelta) -> timedelta:
+    """The task's misfire grace period: its policy's ``misfire_grace_seconds``, else ``default``.
+
+    Reads the policy cached by ``select_related("scheduling_policy")``; no query of its own then.
+    """
+    policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
+    if policy is not None and policy.misfire_grace_seconds is not None:
+        return timedelta(seconds=policy.misfire_grace_seconds)
+    return default
 
 
 def _close(run: Run, status: str, reason: str, now: datetime, error: str = "") -> None:

@@ -146,3 +146,18 @@ def test_the_policy_is_loaded_by_the_claim_query_not_per_run(make_task, recorder
     policy_queries = [q["sql"] for q in queries if "scheduling_taskpolicy" in q["sql"]]
     assert len(policy_queries) == 1
     assert "FOR UPDATE" in policy_queries[0]
+
+
+def test_planning_uses_the_task_grace_for_the_oldest_slot_it_plans(make_task):
+    """A new task never gets a first slot older than its own grace (here 5 s, globally 60 s)."""
+    now = ledger.database_now()
+    start = now - timedelta(seconds=203)  # off the grid by 3 s: no boundary within the test
+    strict, lenient = make_task(every=10, start_time=start), make_task(every=10, start_time=start)
+    TaskPolicy.objects.create(periodic_task=strict, misfire_grace_seconds=5)
+    # as if both were saved long ago (no edit floor): the grace floor decides
+    PeriodicTask.objects.filter(pk__in=[strict.pk, lenient.pk]).update(date_changed=start)
+    ledger.plan_missing(GRACE)
+    planned = dict(Run.objects.pending().values_list("periodic_task_id", "scheduled_for"))
+    k_strict = -(-(now - timedelta(seconds=5) - start) // EVERY)  # first slot >= now - 5 s
+    k_lenient = -(-(now - timedelta(seconds=60) - start) // EVERY)
+    assert planned == {strict.pk: start + k_strict * EVERY, lenient.pk: start + k_lenient * EVERY}
