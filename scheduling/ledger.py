@@ -542,6 +542,8 @@ def _dispatch_one(
         return None, True
     nxt: datetime | None = None
     over = scheduled and task.one_off
+    if over and _one_off_missed(run, task, now, grace):
+        return None, True
     if scheduled and not task.one_off:
         try:
             late = _misfire(run, task, now, grace, replica_id)
@@ -639,6 +641,30 @@ def _misfire(
     run.slots = 1 + missed
     run.reason = f"misfire: coalesced {run.slots} slots"
     return nxt, []
+
+
+def _one_off_missed(run: Run, task: PeriodicTask, now: datetime, default_grace: timedelta) -> bool:
+    """Record a one-off's single late run ``missed`` when its misfire policy drops late runs.
+
+    Policies skip, and catch_up with ``catch_up_limit`` 0, drop a run later than its grace;
+    coalesce and catch_up dispatch it (it stands for one slot). Returns whether it was recorded.
+    """
+    policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
+    if policy is None or policy.misfire_policy == TaskPolicy.Misfire.COALESCE:
+        return False
+    if policy.misfire_policy == TaskPolicy.Misfire.CATCH_UP and policy.catch_up_limit > 0:
+        return False
+    grace = _task_grace(task, default_grace)
+    lateness = now - run.scheduled_for
+    if lateness <= grace:
+        return False
+    _close(
+        run, Run.Status.MISSED,
+        f"misfire: {policy.misfire_policy} policy, {lateness.total_seconds():.3f} s late"
+        f" (grace {grace.total_seconds():g} s)",
+        now,
+    )
+    return True
 
 
 def _task_grace(task: PeriodicTask, default: timedelta) -> timedelta:

@@ -161,3 +161,24 @@ def test_planning_uses_the_task_grace_for_the_oldest_slot_it_plans(make_task):
     k_strict = -(-(now - timedelta(seconds=5) - start) // EVERY)  # first slot >= now - 5 s
     k_lenient = -(-(now - timedelta(seconds=60) - start) // EVERY)
     assert planned == {strict.pk: start + k_strict * EVERY, lenient.pk: start + k_lenient * EVERY}
+
+
+@pytest.mark.parametrize(
+    ("policy", "status"),
+    [
+        (None, Run.Status.DISPATCHED),
+        (TaskPolicy.Misfire.COALESCE, Run.Status.DISPATCHED),
+        (TaskPolicy.Misfire.CATCH_UP, Run.Status.DISPATCHED),
+        (TaskPolicy.Misfire.SKIP, Run.Status.MISSED),
+    ],
+)
+def test_a_late_clocked_one_off_follows_its_misfire_policy(make_task, recorder, policy, status):
+    task = make_task(clocked=ledger.database_now() - timedelta(seconds=30))
+    if policy is not None:
+        TaskPolicy.objects.create(periodic_task=task, misfire_policy=policy, misfire_grace_seconds=5)
+    ledger.reconcile(GRACE)
+    _claim_all(recorder)
+    assert list(Run.objects.filter(periodic_task=task).values_list("status", flat=True)) == [status]
+    assert len(recorder.messages) == (status == Run.Status.DISPATCHED)
+    task.refresh_from_db()
+    assert task.enabled is False
