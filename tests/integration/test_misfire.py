@@ -1,4 +1,4 @@
-"""Misfire policies applied in the claim path, on real PostgreSQL (CASES C04, DESIGN misfire)."""
+"""Misfire policies applied in the claim path, on real PostgreSQL (case C04, docs/semantics.md)."""
 
 from __future__ import annotations
 
