@@ -172,7 +172,7 @@ def reconcile(grace: timedelta, using: str = "default") -> int:
     constraints drop concurrent duplicates (invariant 1).
     """
     _cancel_orphans(using)
-    _replan_edited(grace, using)
+    _replan_edited(using)
     return plan_missing(grace, using)
 
 
@@ -202,18 +202,21 @@ def _cancel_orphans(using: str) -> None:
                 )
 
 
-def _replan_edited(grace: timedelta, using: str) -> None:
+def _replan_edited(using: str) -> None:
     """Re-plan the pending runs whose definition changed recently; cost follows the changes.
 
     The change log (``ScheduleChange``, written by database triggers on every UPDATE of a periodic
     task's scheduling columns or of a schedule row, including ``QuerySet.update()`` and raw SQL)
     names what changed in the last CHANGE_RETENTION. Only the pending, not yet due scheduled runs
     of tasks named there, or using a schedule row named there, are looked at: each gets its slot
-    recomputed from the current definition (``slots.initial_run``); a run whose slot moved is
-    cancelled ("schedule edited") and ``plan_missing`` plans the new one. A run whose slot did not
-    move is left alone, so looking at a change again (each pass within the retention) is
-    harmless; that also covers an edit whose transaction committed after the run was planned
-    from the old definition. Older change rows are deleted here.
+    recomputed from the current definition: the first slot after the database clock and after
+    the task's last run (``slots.initial_run`` with no grace), so an edit never fires a slot that
+    is already past, even one inside the grace period. A run whose slot moved is cancelled
+    ("schedule edited") and the new slot is planned in the same transaction (none when the
+    schedule is over: ``plan_missing`` then disables the task). A run whose slot did not move is
+    left alone, so looking at a change again (each pass within the retention) is harmless; that
+    also covers an edit whose transaction committed after the run was planned from the old
+    definition. Older change rows are deleted here.
     """
     with transaction.atomic(using=using):
         now = database_now(using)
@@ -238,22 +241,27 @@ def _replan_edited(grace: timedelta, using: str) -> None:
             .select_related(*_SCHEDULE_RELATED)
             .select_for_update(skip_locked=True, of=("self",))
         )
+        replacements: list[Run] = []
         for run in edited:
             task = run.periodic_task
             try:
-                slot = slots.initial_run(task, now, last_slot=_last_slot(task, using), grace=grace)
+                slot = slots.initial_run(
+                    task, now, last_slot=_last_slot(task, using), grace=timedelta(0)
+                )
             except ScheduleError:
-                slot = None
+                slot = None  # plan_missing records the schedule's error
             if slot == run.scheduled_for:
                 continue
             Run.objects.using(using).filter(pk=run.pk).update(
                 status=Run.Status.CANCELLED, reason="schedule edited", finished_at=ClockTimestamp()
             )
+            if slot is not None:
+                replacements.append(_planned(task, slot))
             logger.info(
                 "re-planning %s after an edit: %s -> %s",
                 task.name, run.scheduled_for, slot, extra={"action": "replan"},
             )
-    # The edited tasks now have no pending run; plan_missing plans them from the new definition.
+        _insert(replacements, using)
 
 
 def _last_slot(task: PeriodicTask, using: str) -> datetime | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -98,7 +99,7 @@ def test_reconcile_looks_only_at_the_tasks_whose_definition_changed(make_task, m
         return initial_run(task, *args, **kwargs)
 
     monkeypatch.setattr(slots, "initial_run", counting)
-    ledger._replan_edited(GRACE, "default")
+    ledger._replan_edited("default")
     assert sorted(looked_at) == sorted(t.pk for t in tasks)
 
 
@@ -139,3 +140,25 @@ def test_disabling_alone_logs_the_change_but_moves_no_marker(make_task):
     assert list(ScheduleChange.objects.values_list("kind", "object_id")) == [("task", task.pk)]
     PeriodicTask.objects.filter(pk=task.pk).update(enabled=True)
     assert PeriodicTasks.last_change() > marker
+
+
+def test_an_edit_never_fires_a_slot_that_is_already_past_even_inside_the_grace(make_task):
+    """The shared row now says a minute that began seconds ago: the next one is planned."""
+    now = ledger.database_now()
+    if now.second < 2 or now.second > 50:
+        time.sleep(5)
+        now = ledger.database_now()
+    this_minute = now.replace(second=0, microsecond=0)
+    tasks = _shared_crontab_tasks(make_task, 2)
+    # saved long ago: the task's own edit time is no floor here, only the schedule row's edit
+    PeriodicTask.objects.filter(pk__in=[t.pk for t in tasks]).update(
+        date_changed=now - timedelta(days=2)
+    )
+    ledger.reconcile(GRACE)
+    CrontabSchedule.objects.filter(pk=tasks[0].crontab_id).update(
+        minute=str(this_minute.minute), hour=str(this_minute.hour)
+    )
+    ledger.reconcile(GRACE)
+    assert set(Run.objects.pending().values_list("scheduled_for", flat=True)) == {
+        this_minute + timedelta(days=1)
+    }
