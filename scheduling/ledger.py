@@ -606,6 +606,11 @@ def _misfire(
       older ones are recorded ``missed`` like skip. The rule is stateless: each late run of the
       replay counts the missed slots after it, so the replay stops being late after the cap.
 
+    Past ``slots.MAX_COUNTED_SLOTS`` missed slots (a long outage of a frequent schedule), skip and
+    catch_up account for that many in one claim and plan the slot after them, still late, so the
+    next claims go on until every slot is accounted for (one row each, up to MISSED_ROWS_LIMIT
+    rows per claim, the last row's ``slots`` counting the rest).
+
     Raises ScheduleError when the schedule cannot produce the following slots.
     """
     policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
@@ -622,7 +627,9 @@ def _misfire(
             run.reason = f"misfire: caught up {lateness.total_seconds():.3f} s late"
             return slots.next_run(task, run.scheduled_for), []
         skipped = later + 1 - limit  # this run and the following slots that will not run
-        if limit:
+        if limit or later >= slots.MAX_COUNTED_SLOTS:
+            # the slot after the skipped ones; past the counting cap that is still late, and the
+            # next claim goes on from there, so every slot is accounted for
             following = slots.nth_slot_after(task, run.scheduled_for, skipped)
         reason = (
             f"misfire: {kind} policy, {lateness.total_seconds():.3f} s late"

@@ -19,10 +19,10 @@ EVERY = timedelta(seconds=10)
 
 
 def _late_task(make_task, policy: str | None, *, grace: int | None = 5, limit: int = 100,
-               late_by: float = 67.0) -> tuple[PeriodicTask, datetime]:
+               late_by: float = 67.0, every: int = 10) -> tuple[PeriodicTask, datetime]:
     """An interval task (every 10 s) whose pending run is its start_time, ``late_by`` s ago."""
     first = ledger.database_now() - timedelta(seconds=late_by)
-    task = make_task(every=10, start_time=first)
+    task = make_task(every=every, start_time=first)
     if policy is not None:
         TaskPolicy.objects.create(
             periodic_task=task, misfire_policy=policy, misfire_grace_seconds=grace,
@@ -182,3 +182,20 @@ def test_a_late_clocked_one_off_follows_its_misfire_policy(make_task, recorder, 
     assert len(recorder.messages) == (status == Run.Status.DISPATCHED)
     task.refresh_from_db()
     assert task.enabled is False
+
+
+@pytest.mark.parametrize("policy", [TaskPolicy.Misfire.SKIP, TaskPolicy.Misfire.CATCH_UP])
+def test_a_backlog_past_the_counting_cap_is_accounted_for_slot_by_slot(make_task, recorder, policy):
+    """Every 1 s, 3 hours late (10,800 slots, past slots.MAX_COUNTED_SLOTS): no slot is lost."""
+    task, s0 = _late_task(make_task, policy, limit=2, late_by=3 * 3600 + 0.5, every=1)
+    _claim_all(recorder)
+    rows = list(Run.objects.filter(periodic_task=task).order_by("scheduled_for"))
+    one = timedelta(seconds=1)
+    for row, following in zip(rows, rows[1:]):
+        assert following.scheduled_for == row.scheduled_for + row.slots * one
+    assert rows[-1].status == Run.Status.PENDING
+    assert rows[-1].scheduled_for > ledger.database_now() - timedelta(seconds=5)
+    caught_up = [r for r in rows if r.reason.startswith("misfire: caught up")]
+    assert len(caught_up) == (2 if policy == TaskPolicy.Misfire.CATCH_UP else 0)
+    assert len(recorder.messages) == len([r for r in rows if r.status == "dispatched"])
+    assert sum(r.slots for r in rows if r.status == Run.Status.MISSED) >= 3 * 3600 - 10
