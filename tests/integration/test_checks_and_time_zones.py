@@ -58,7 +58,7 @@ ZONES = [
 
 @pytest.mark.django_db(transaction=True)
 def test_time_zone_and_celery_timezone_never_shift_crontab_runs(make_task):
-    """A crontab is evaluated in its own timezone field, whatever TIME_ZONE / CELERY_TIMEZONE say."""
+    """A crontab is evaluated in its own timezone, whatever TIME_ZONE and CELERY_TIMEZONE say."""
     new_york = make_task(cron="0 9 * * *", timezone="America/New_York")
     utc_task = make_task(cron="30 14 * * *", timezone="UTC")
     planned = []

@@ -175,7 +175,9 @@ def test_planning_uses_the_task_grace_for_the_oldest_slot_it_plans(make_task):
 def test_a_late_clocked_one_off_follows_its_misfire_policy(make_task, recorder, policy, status):
     task = make_task(clocked=ledger.database_now() - timedelta(seconds=30))
     if policy is not None:
-        TaskPolicy.objects.create(periodic_task=task, misfire_policy=policy, misfire_grace_seconds=5)
+        TaskPolicy.objects.create(
+            periodic_task=task, misfire_policy=policy, misfire_grace_seconds=5
+        )
     ledger.reconcile(GRACE)
     _claim_all(recorder)
     assert list(Run.objects.filter(periodic_task=task).values_list("status", flat=True)) == [status]
