@@ -3,9 +3,11 @@
     SchedulingError
     ├── ScheduleError      a schedule definition gives no usable slot (bad crontab, zero interval)
     ├── RunRejected        one run cannot be published (bad args JSON, unknown task name)
-    └── BackfillRejected   a backfill range is not a past range
+    ├── BackfillRejected   a backfill range is not a past range
+    └── PublishFailed      a publish failed for a reason not of the run's own (the broker)
 
-Broker and database errors are not wrapped: they abort the claim transaction, which is the point.
+Database errors are not wrapped, and PublishFailed keeps the broker's error as its cause: both
+abort the claim transaction, which is the point.
 """
 
 from __future__ import annotations
@@ -25,3 +27,10 @@ class RunRejected(SchedulingError):
 
 class BackfillRejected(SchedulingError):
     """A backfill request cannot be served (range empty, reversed or not in the past)."""
+
+
+class PublishFailed(SchedulingError):
+    """Publishing a run's message failed for a reason not of the run's own (the broker).
+
+    Raised from the claim so that the whole claim rolls back; the cause is the broker's error.
+    """

@@ -16,14 +16,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.core.exceptions import ValidationError
 from django.db import connections, transaction
-from django.db.models import DateTimeField, Exists, F, Func, OuterRef, Q, Subquery
+from django.db.models import DateTimeField, Exists, F, Func, OuterRef, Q, QuerySet, Subquery
 from django.db.models import Case, IntegerField, When
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
 from scheduling import slots
 from scheduling.conf import conf
-from scheduling.exceptions import BackfillRejected, RunRejected, ScheduleError
+from scheduling.exceptions import BackfillRejected, PublishFailed, RunRejected, ScheduleError
 from scheduling.messages import Message, build_message
 from scheduling.models import Run, ScheduleChange, TaskPolicy
 
@@ -306,7 +307,15 @@ def plan_missing(grace: timedelta, using: str = "default", chunk_size: int = 200
     now = database_now(using)
     batch: list[Run] = []
     finished: list[int] = []
-    for task in tasks.iterator(chunk_size=chunk_size):
+    for task in _iterate_tasks(tasks, chunk_size, using):
+        if isinstance(task, _Unloadable):
+            if task.last_error != task.error:
+                logger.error(
+                    "cannot load periodic task %s: %s", task.pk, task.error,
+                    extra={"action": "plan"},
+                )
+                batch.append(_failed_plan(task.task, now, task.error))
+            continue
         try:
             slot = slots.initial_run(
                 task, now, last_slot=task.last_slot, grace=_task_grace(task, grace)
@@ -333,6 +342,57 @@ def plan_missing(grace: timedelta, using: str = "default", chunk_size: int = 200
             extra={"action": "disable"},
         )
     return planned
+
+
+#: Errors Django raises while turning a bad row into a model (not database errors).
+_LOAD_ERRORS = (ValidationError, ValueError, TypeError, OverflowError, LookupError)
+
+
+@dataclass
+class _Unloadable:
+    """A periodic task whose row (or schedule row) Django cannot load, with the error."""
+
+    task: PeriodicTask
+    error: str
+    last_error: str
+
+    @property
+    def pk(self) -> int:
+        return self.task.pk
+
+
+def _iterate_tasks(
+    tasks: QuerySet[PeriodicTask], chunk_size: int, using: str
+) -> Iterator[PeriodicTask | _Unloadable]:
+    """Iterate ``tasks`` by chunks of ids; past a row that cannot be loaded, go task by task."""
+    ids = list(tasks.values_list("pk", flat=True))
+    for start in range(0, len(ids), chunk_size):
+        chunk = ids[start : start + chunk_size]
+        try:
+            loaded: list[PeriodicTask] | None = list(tasks.filter(pk__in=chunk))
+        except _LOAD_ERRORS:
+            loaded = None
+        if loaded is not None:
+            yield from loaded
+            continue
+        for pk in chunk:
+            try:
+                found = tasks.filter(pk=pk).first()
+            except _LOAD_ERRORS as exc:
+                bare = PeriodicTask.objects.using(using).only("id", "name", "task").get(pk=pk)
+                last_error = (
+                    Run.objects.using(using)
+                    .scheduled()
+                    .filter(periodic_task_id=pk)
+                    .exclude(status=Run.Status.CANCELLED)
+                    .order_by("-scheduled_for")
+                    .values_list("error", flat=True)
+                    .first()
+                )
+                yield _Unloadable(bare, f"cannot load the schedule: {exc}", last_error or "")
+            else:
+                if found is not None:
+                    yield found
 
 
 def _planned(task: PeriodicTask, slot: datetime, **fields: object) -> Run:
@@ -397,15 +457,7 @@ def claim_and_dispatch(
     claim query loads the policy and the newest unfinished run's dispatch time with each row.
     """
     with transaction.atomic(using=using):
-        runs = list(
-            Run.objects.using(using)
-            .pending()
-            .filter(scheduled_for__lte=ClockTimestamp())
-            .select_related(*_SCHEDULE_RELATED, "periodic_task__scheduling_policy")
-            .annotate(db_now=ClockTimestamp(), busy_since=_busy_since())
-            .order_by("scheduled_for", "pk")
-            .select_for_update(skip_locked=True, of=("self",))[:batch_size]
-        )
+        runs = _claim_due(batch_size, using)
         if not runs:
             return []
         claimed_at, started = runs[0].db_now, time.monotonic()
@@ -415,7 +467,17 @@ def claim_and_dispatch(
         for run in runs:
             now = claimed_at + timedelta(seconds=time.monotonic() - started)
             run.overlap = _overlap(run, busy)
-            nxt, over = _dispatch_one(run, publish, now, grace, replica_id, following)
+            try:
+                nxt, over = _dispatch_one(run, publish, now, grace, replica_id, following)
+            except PublishFailed:
+                raise  # the broker: roll the whole claim back
+            except Exception as exc:  # noqa: BLE001 - one bad row must not stop the batch
+                logger.exception(
+                    "cannot dispatch run %s of %r", run.task_id, run.periodic_task_name,
+                    extra={"action": "dispatch_failed"},
+                )
+                _close(run, Run.Status.FAILED, "error while dispatching", now, error=repr(exc))
+                nxt, over = None, False
             if run.status == Run.Status.DISPATCHED and run.periodic_task_id is not None:
                 busy.add(run.periodic_task_id)
             task = run.periodic_task
@@ -465,6 +527,63 @@ def claim_and_dispatch(
                 extra={"action": "skip", "replica": replica_id},
             )
     return result
+
+
+def _claim_due(batch_size: int, using: str) -> list[Run]:
+    """Lock up to ``batch_size`` due pending runs (SKIP LOCKED) with their tasks and policies.
+
+    A schedule row Django cannot load (an unknown time zone written by raw SQL, say) must not stop
+    every other run: the joined query is tried in a savepoint, and on such an error the runs are
+    claimed alone and each task is loaded on its own; a task that still cannot be loaded leaves
+    its run ``load_error`` set, and the run is recorded failed with that error.
+    """
+    due = (
+        Run.objects.using(using)
+        .pending()
+        .filter(scheduled_for__lte=ClockTimestamp())
+        .annotate(db_now=ClockTimestamp(), busy_since=_busy_since())
+        .order_by("scheduled_for", "pk")
+        .select_for_update(skip_locked=True, of=("self",))
+    )
+    try:
+        with transaction.atomic(using=using):
+            return list(
+                due.select_related(*_SCHEDULE_RELATED, "periodic_task__scheduling_policy")[
+                    :batch_size
+                ]
+            )
+    except _LOAD_ERRORS as exc:
+        logger.error(
+            "a schedule row cannot be loaded (%s); claiming run by run", exc,
+            extra={"action": "load_failed"},
+        )
+    runs = list(due[:batch_size])
+    tasks = _load_tasks({run.periodic_task_id for run in runs if run.periodic_task_id}, using)
+    for run in runs:
+        if run.periodic_task_id is None:
+            continue
+        loaded = tasks.get(run.periodic_task_id)
+        if isinstance(loaded, Exception):
+            run.load_error = f"cannot load the periodic task or its schedule: {loaded}"
+        elif loaded is not None:
+            run.periodic_task = loaded
+    return runs
+
+
+def _load_tasks(ids: set[int], using: str) -> dict[int, PeriodicTask | Exception]:
+    """Load tasks with their schedules and policies one by one; errors are returned, not raised."""
+    query = PeriodicTask.objects.using(using).select_related(*_TASK_RELATED, "scheduling_policy")
+    loaded: dict[int, PeriodicTask | Exception] = {}
+    for pk in sorted(ids):
+        try:
+            with transaction.atomic(using=using):
+                found = query.filter(pk=pk).first()
+        except _LOAD_ERRORS as exc:
+            loaded[pk] = exc
+        else:
+            if found is not None:
+                loaded[pk] = found
+    return loaded
 
 
 def _busy_since() -> Case:
@@ -536,8 +655,13 @@ def _dispatch_one(
     fails to give a next slot is logged and left enabled; the reconcile pass records its error.
     Rows for slots a misfire records as missed are appended to ``missed`` (to be inserted).
     """
-    task = run.periodic_task
     run.claimed_by = replica_id
+    load_error = getattr(run, "load_error", "")
+    if load_error:
+        logger.error("run %s failed: %s", run.task_id, load_error, extra={"action": "load_failed"})
+        _close(run, Run.Status.FAILED, "invalid schedule", now, error=load_error)
+        return None, False
+    task = run.periodic_task
     if task is None:
         _close(run, Run.Status.CANCELLED, "periodic task deleted", now)
         return None, False
@@ -573,7 +697,13 @@ def _dispatch_one(
         _close(run, Run.Status.SKIPPED, run.overlap, now)  # type: ignore[attr-defined]
         return nxt, over
     try:
-        publish(build_message(run, task))
+        message = build_message(run, task)
+        try:
+            publish(message)
+        except RunRejected:
+            raise
+        except Exception as exc:
+            raise PublishFailed(f"cannot publish run {run.task_id}: {exc}") from exc
     except RunRejected as exc:
         logger.error(
             "run of %r at %s rejected: %s", task.name, run.scheduled_for, exc,
@@ -878,7 +1008,6 @@ def record_started(task_id: str, worker: str, using: str = "default") -> bool:
             .filter(task_id=task_id)
             .exclude(status=Run.Status.CANCELLED)
             .select_related(*_SCHEDULE_RELATED)
-            .annotate(db_now=ClockTimestamp())
             .select_for_update(of=("self",))
             .first()
         )
@@ -886,13 +1015,13 @@ def record_started(task_id: str, worker: str, using: str = "default") -> bool:
             return False
         fields: dict[str, object] = {
             "status": Run.Status.RUNNING,
-            "started_at": run.db_now,
+            "started_at": ClockTimestamp(),
             "worker": worker[:255],
         }
         adopted = run.status == Run.Status.PENDING
         if adopted:
             fields.update(
-                dispatched_at=run.db_now,
+                dispatched_at=ClockTimestamp(),
                 reason="adopted by the worker: the publishing replica's claim did not commit",
             )
         Run.objects.using(using).filter(pk=run.pk).update(**fields)
@@ -997,14 +1126,14 @@ def begin_execution(
             return Execution(False, True, _suppressed_reason(run, exclusive), run.pk)
         fields: dict[str, object] = {
             "status": Run.Status.RUNNING,
-            "started_at": run.db_now,
+            "started_at": ClockTimestamp(),
             "worker": worker[:255],
             "retries": retries,
             "executions": F("executions") + 1,
         }
         adopted = run.status == Run.Status.PENDING
         if adopted:
-            fields.update(dispatched_at=run.db_now, reason=reason)
+            fields.update(dispatched_at=ClockTimestamp(), reason=reason)
         elif run.status == Run.Status.RUNNING and retries == run.retries:
             fields["reason"] = reason
         Run.objects.using(using).filter(pk=run.pk).update(**fields)

@@ -24,6 +24,7 @@ from django.db import (
     DatabaseError,
     IntegrityError,
     InterfaceError,
+    OperationalError,
     connection,
     transaction,
 )
@@ -34,7 +35,7 @@ from kombu.utils.json import dumps
 
 from scheduling import ledger
 from scheduling.conf import conf
-from scheduling.exceptions import RunRejected
+from scheduling.exceptions import PublishFailed, RunRejected
 from scheduling.messages import Message
 
 logger = logging.getLogger(__name__)
@@ -85,9 +86,12 @@ class LedgerScheduler(DatabaseScheduler):
         """Run one scheduler pass; return the seconds to sleep before the next."""
         try:
             delay = self._tick()
-        except (DatabaseError, InterfaceError) as exc:
+        except (OperationalError, InterfaceError) as exc:
             return self._failed("database", exc)
-        except (KombuOperationalError, ConnectionError, OSError) as exc:
+        except DatabaseError as exc:  # a data or lock error, not an outage: say which
+            logger.exception("database error in a tick", extra={"action": "db_error"})
+            return self._failed("database", exc)
+        except (PublishFailed, KombuOperationalError, ConnectionError, OSError) as exc:
             self._reset_producer()
             return self._failed("broker", exc)
         except Exception as exc:  # noqa: BLE001 - a replica must outlive any one bad tick
@@ -108,7 +112,15 @@ class LedgerScheduler(DatabaseScheduler):
         if poll.change_marker != self._marker or (
             time.monotonic() - self._last_reconcile >= conf.reconcile_interval
         ):
-            ledger.reconcile(grace)
+            try:
+                ledger.reconcile(grace)
+            except (OperationalError, InterfaceError):
+                raise
+            except Exception:  # noqa: BLE001 - planning trouble must not stop dispatching
+                logger.exception(
+                    "reconcile failed; due runs are still dispatched, next try in %.0f s",
+                    conf.reconcile_interval, extra={"action": "reconcile_failed"},
+                )
             self._marker = poll.change_marker
             self._last_reconcile = time.monotonic()
             poll = ledger.poll()
