@@ -22,7 +22,32 @@ from urllib.parse import quote
 from django.conf import settings
 from django.db import connection
 
+from scheduling.models import Run
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy (returned); AssertionError on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def drain(timeout: float = 30.0) -> None:
+    """Wait until the worker has finished every dispatched run."""
+    unfinished = Run.objects.filter(
+        status__in=(Run.Status.DISPATCHED, Run.Status.RUNNING, Run.Status.RETRYING)
+    )
+    try:
+        wait_until(lambda: not unfinished.exists(), timeout)
+    except AssertionError:
+        stuck = list(unfinished.values_list("periodic_task_name", "scheduled_for", "status"))
+        raise AssertionError(f"runs never finished: {stuck}") from None
 
 
 def test_database_url() -> str:

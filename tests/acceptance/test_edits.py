@@ -17,8 +17,7 @@ from django_celery_beat.models import CrontabSchedule
 
 from scheduling import ledger
 from scheduling.models import Run
-from tests.acceptance.deployment import Deployment
-from tests.acceptance.test_replicas import _drain, _wait_until
+from tests.acceptance.deployment import Deployment, drain, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
@@ -40,11 +39,11 @@ def test_changing_a_shared_crontab_row_moves_every_task_and_nothing_fires_at_the
     tasks = [make_task(cron=f"{old.minute} * * * *", name=f"shared-{i}") for i in range(4)]
     ticker = make_task(every=2, name="ticker")  # replicas keep dispatching through the edit
     pending = Run.objects.pending().filter(periodic_task__in=tasks)
-    _wait_until(lambda: sorted(pending.values_list("scheduled_for", flat=True)) == [old] * 4, 10)
+    wait_until(lambda: sorted(pending.values_list("scheduled_for", flat=True)) == [old] * 4, 10)
 
     edited_at = time.monotonic()
     CrontabSchedule.objects.filter(pk=tasks[0].crontab_id).update(minute=str(new.minute))
-    _wait_until(lambda: sorted(pending.values_list("scheduled_for", flat=True)) == [new] * 4, 5)
+    wait_until(lambda: sorted(pending.values_list("scheduled_for", flat=True)) == [new] * 4, 5)
     replanned_in = time.monotonic() - edited_at
     assert replanned_in < 2.0  # one tick is at most 1 s, plus the reconcile
 
@@ -52,7 +51,7 @@ def test_changing_a_shared_crontab_row_moves_every_task_and_nothing_fires_at_the
     time.sleep(remaining + 4)
     for name in replicas:
         deployment.stop(name)
-    _drain()
+    drain()
     deployment.stop("worker-1")
 
     for task in tasks:

@@ -14,23 +14,18 @@ import pytest
 
 from scheduling import ledger
 from scheduling.models import Run
-from tests.acceptance.deployment import Deployment, broker_is_redis, broker_task_ids
+from tests.acceptance.deployment import (
+    Deployment,
+    broker_is_redis,
+    broker_task_ids,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
 
-def _wait_until(predicate, timeout: float, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
-
-
 def _run_in(task, *statuses: str, timeout: float = 30.0) -> Run:
-    return _wait_until(
+    return wait_until(
         lambda: Run.objects.filter(periodic_task=task, status__in=statuses).first(), timeout
     )
 
@@ -64,7 +59,7 @@ def test_a_run_published_before_during_and_after_its_execution_runs_once(
     deployment.publish_copy(run)  # during: the first execution sleeps 3 s
     _run_in(task, Run.Status.SUCCEEDED)
     deployment.publish_copy(run)  # after
-    _wait_until(lambda: Run.objects.get(pk=run.pk).suppressed == 3, timeout=30)
+    wait_until(lambda: Run.objects.get(pk=run.pk).suppressed == 3, timeout=30)
     time.sleep(1)  # anything else still on its way would land now
 
     run.refresh_from_db()

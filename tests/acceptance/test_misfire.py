@@ -16,8 +16,7 @@ from django_celery_beat.models import PeriodicTask
 
 from scheduling import ledger
 from scheduling.models import Run, TaskPolicy
-from tests.acceptance.deployment import Deployment
-from tests.acceptance.test_replicas import _drain, _wait_until
+from tests.acceptance.deployment import Deployment, drain, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
@@ -51,7 +50,7 @@ def test_c04_each_misfire_policy_after_all_replicas_were_down(deployment: Deploy
         tasks[policy] = task
 
     # Up for two slots, then every replica down across several slots, then new replicas.
-    _wait_until(lambda: Run.objects.filter(status="succeeded").count() >= 8, timeout=20)
+    wait_until(lambda: Run.objects.filter(status="succeeded").count() >= 8, timeout=20)
     deployment.stop(*replicas)
     down = ledger.database_now()
     time.sleep(OUTAGE_SECONDS)
@@ -61,7 +60,7 @@ def test_c04_each_misfire_policy_after_all_replicas_were_down(deployment: Deploy
     deployment.wait_for_log("replica-3", "beat: Starting...", timeout=60)
     time.sleep(8)
     deployment.stop("replica-3", "replica-4")
-    _drain()
+    drain()
     deployment.stop("worker-1")
 
     executed = Counter(e["task_id"] for e in deployment.executions())

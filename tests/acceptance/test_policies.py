@@ -14,21 +14,16 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from scheduling import ledger
 from scheduling.models import Run, TaskPolicy
-from tests.acceptance.deployment import Deployment, broker_is_redis, broker_task_ids
+from tests.acceptance.deployment import (
+    Deployment,
+    broker_is_redis,
+    broker_task_ids,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
 OUTAGE_SECONDS = 20
-
-
-def _wait_until(predicate, timeout: float, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_c09_overlap_skip_queues_at_most_one_run_while_workers_are_away(
@@ -48,7 +43,7 @@ def test_c09_overlap_skip_queues_at_most_one_run_while_workers_are_away(
         time.sleep(0.2)
     workers_back = ledger.database_now()
     deployment.start_worker("worker-1", concurrency=1)
-    first = _wait_until(
+    first = wait_until(
         lambda: Run.objects.filter(periodic_task=task, status=Run.Status.SUCCEEDED).first(), 60
     )
     time.sleep(3)
@@ -96,7 +91,7 @@ def test_run_now_from_the_admin_and_the_command_dispatches_and_executes_once_eac
     call_command("run_now", "manual", "--requested-by", "cli")
 
     manual = Run.objects.filter(trigger=Run.Trigger.MANUAL)
-    _wait_until(lambda: manual.filter(status=Run.Status.SUCCEEDED).count() == 2, timeout=60)
+    wait_until(lambda: manual.filter(status=Run.Status.SUCCEEDED).count() == 2, timeout=60)
     time.sleep(1)
     runs = {r.requested_by: r for r in manual}
     assert sorted(runs) == ["cli", "root"]
@@ -127,7 +122,7 @@ def test_backfill_of_ten_slots_twice_runs_each_slot_once_in_order(deployment: De
     out = StringIO()
     call_command("backfill", "report", "--since", since, "--until", until, stdout=out)
     backfill = Run.objects.filter(trigger=Run.Trigger.BACKFILL)
-    _wait_until(lambda: backfill.filter(status=Run.Status.SUCCEEDED).count() == 10, timeout=60)
+    wait_until(lambda: backfill.filter(status=Run.Status.SUCCEEDED).count() == 10, timeout=60)
     call_command("backfill", "report", "--since", since, "--until", until, stdout=out)
     time.sleep(2)
 

@@ -1,7 +1,7 @@
 """Three real beat replicas, a real worker, a real broker and PostgreSQL: every slot exactly once.
 
 Also: a replica SIGKILLed between publishing and committing is replaced within 2 s by another
-replica that re-publishes the same task id (DESIGN invariant 2), and case C03.
+replica that re-publishes the same task id (invariant 2), and case C03.
 """
 
 from __future__ import annotations
@@ -15,33 +15,11 @@ from django_celery_beat.models import ClockedSchedule, PeriodicTask
 
 from scheduling import ledger
 from scheduling.models import Run
-from tests.acceptance.deployment import Deployment, broker_task_ids
+from tests.acceptance.deployment import Deployment, broker_task_ids, drain, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
 RUN_SECONDS = 66
-
-
-def _wait_until(predicate, timeout: float, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
-
-
-def _drain(timeout: float = 30.0) -> None:
-    """Wait until the worker has finished every dispatched run."""
-    unfinished = Run.objects.filter(
-        status__in=(Run.Status.DISPATCHED, Run.Status.RUNNING, Run.Status.RETRYING)
-    )
-    try:
-        _wait_until(lambda: not unfinished.exists(), timeout)
-    except AssertionError:
-        stuck = list(unfinished.values_list("periodic_task_name", "scheduled_for", "status"))
-        raise AssertionError(f"runs never finished: {stuck}") from None
 
 
 def test_c01_c07_three_replicas_dispatch_every_slot_once(deployment: Deployment, make_task):
@@ -62,7 +40,7 @@ def test_c01_c07_three_replicas_dispatch_every_slot_once(deployment: Deployment,
     for name in ("replica-1", "replica-2", "replica-3"):
         deployment.stop(name)
     stop = ledger.database_now()
-    _drain()
+    drain()
     deployment.stop("worker-1")
 
     runs = list(Run.objects.exclude(status=Run.Status.PENDING).order_by("scheduled_for"))
@@ -139,7 +117,7 @@ def test_replica_killed_between_publish_and_commit_is_replaced_within_2s(
 
     deployment.kill("paused")
     killed_at = ledger.database_now()
-    _wait_until(
+    wait_until(
         lambda: Run.objects.filter(pk=run.pk, status=Run.Status.DISPATCHED).exists(), timeout=10
     )
     run.refresh_from_db()
@@ -155,11 +133,11 @@ def test_c03_clocked_one_off_survives_kill_at_slot_and_restart(deployment: Deplo
     task = make_task(clocked=slot, name="c03")
     deployment.start_beat("only", SCHEDULING_TEST_PAUSE_AFTER_PUBLISH="120")
     deployment.wait_for_log("only", "test pause: published", timeout=60)
-    _wait_until(lambda: ledger.database_now() >= slot + timedelta(seconds=0.2), timeout=30)
+    wait_until(lambda: ledger.database_now() >= slot + timedelta(seconds=0.2), timeout=30)
     deployment.kill("only")
-    _wait_until(lambda: ledger.database_now() >= slot + timedelta(seconds=5), timeout=30)
+    wait_until(lambda: ledger.database_now() >= slot + timedelta(seconds=5), timeout=30)
     deployment.start_beat("only-restarted")
-    _wait_until(
+    wait_until(
         lambda: Run.objects.filter(periodic_task=task, status=Run.Status.DISPATCHED).exists(),
         timeout=30,
     )
