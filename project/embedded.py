@@ -4,9 +4,9 @@
 under ``.data/pg`` (git-ignored). The server is shared by every process that asks for it and keeps
 running after they exit, so beat replicas, workers and the admin all talk to one database.
 
-``CELERY_BROKER_URL`` unset: kombu's SQL transport on that same database (``project.broker``). It needs no service,
-claims each message under a row lock, and keeps delivered messages (``visible = false``), which the
-acceptance tests count as the broker's own record of what was sent.
+``CELERY_BROKER_URL`` unset: kombu's SQL transport on that same database (``project.broker``). It
+needs no service, claims each message under a row lock, and keeps delivered messages
+(``visible = false``), which the acceptance tests count as the broker's own record of what was sent.
 """
 
 from __future__ import annotations

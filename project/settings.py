@@ -83,7 +83,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / ".data" / "static"
 
 # Test hook of the acceptance suite (a pause after publishing, before the claim commits).
-SCHEDULING_TEST_PAUSE_AFTER_PUBLISH = float(os.environ.get("SCHEDULING_TEST_PAUSE_AFTER_PUBLISH", 0))
+SCHEDULING_TEST_PAUSE_AFTER_PUBLISH = float(
+    os.environ.get("SCHEDULING_TEST_PAUSE_AFTER_PUBLISH", 0)
+)
 
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 DEFAULT_FROM_EMAIL = "scheduler@example.com"

@@ -27,7 +27,7 @@ def _seconds(delta: timedelta | None) -> str:
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    """The ledger: every run, its outcome and timings. Nothing here can be added, changed or deleted."""
+    """The ledger: every run, its outcome and timings; nothing can be added, changed, deleted."""
 
     list_display = (
         "periodic_task_name",

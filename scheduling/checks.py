@@ -25,7 +25,7 @@ def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 @register(deploy=False)
 def check_postgresql(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    """The default database must be PostgreSQL: the claim needs SELECT ... FOR UPDATE SKIP LOCKED."""
+    """The default database must be PostgreSQL: claims use SELECT ... FOR UPDATE SKIP LOCKED."""
     connection = connections["default"]
     if connection.vendor == "postgresql" and connection.features.has_select_for_update_skip_locked:
         return []

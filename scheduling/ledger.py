@@ -193,7 +193,8 @@ def _cancel_orphans(using: str) -> None:
             return
         deleted = [pk for pk, task_id in orphans if task_id is None]
         disabled = [pk for pk, task_id in orphans if task_id is not None]
-        for ids, reason in ((deleted, "periodic task deleted"), (disabled, "periodic task disabled")):
+        reasons = ((deleted, "periodic task deleted"), (disabled, "periodic task disabled"))
+        for ids, reason in reasons:
             if ids:
                 Run.objects.using(using).filter(pk__in=ids).update(
                     status=Run.Status.CANCELLED, reason=reason, finished_at=ClockTimestamp()

@@ -6,8 +6,8 @@ run's identity.
 All datetimes taken and returned are aware; returned ones are in UTC.
 
 Rules (docs/semantics.md):
-- Interval: slots are ``anchor + k * every`` for k >= 0, where the anchor is ``start_time`` when set,
-  otherwise one interval after the task was created or last edited (``date_changed``).
+- Interval: slots are ``anchor + k * every`` for k >= 0, where the anchor is ``start_time``
+  when set, otherwise one interval after the task was created or last edited (``date_changed``).
 - Crontab: evaluated in the crontab's own timezone. Day of month and day of week must both match
   (Celery's rule, which django-celery-beat rows follow). DST follows Vixie/ISC cron: a fixed-time
   job (no ``*`` in its minute or hour field) whose local time is skipped by a spring-forward runs
@@ -64,7 +64,9 @@ def next_run(task: PeriodicTask, after: datetime) -> datetime | None:
     return slot
 
 
-def slots_through(task: PeriodicTask, slot: datetime, until: datetime) -> tuple[int, datetime | None]:
+def slots_through(
+    task: PeriodicTask, slot: datetime, until: datetime
+) -> tuple[int, datetime | None]:
     """Count the slots of ``task`` in ``(slot, until]`` and return ``(count, first slot > until)``.
 
     Used to coalesce a misfire: one dispatch stands for ``1 + count`` slots. Past
@@ -273,7 +275,9 @@ class CronSpec:
     fixed: bool
 
     @classmethod
-    def parse(cls, minute: str, hour: str, day_of_month: str, month: str, day_of_week: str) -> CronSpec:
+    def parse(
+        cls, minute: str, hour: str, day_of_month: str, month: str, day_of_week: str
+    ) -> CronSpec:
         """Expand the five fields; raise ScheduleError if Celery's parser rejects one."""
         try:
             parsed = schedules.crontab(
