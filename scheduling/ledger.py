@@ -1028,14 +1028,15 @@ def record_started(task_id: str, worker: str, using: str = "default") -> bool:
         Run.objects.using(using).filter(pk=run.pk).update(**fields)
         if adopted:  # after the update: a task has one pending scheduled run at a time
             _plan_after_adoption(run, using)
-            logger.warning(
-                "adopted run %s of %r: published by a replica that did not commit its claim",
-                task_id, run.periodic_task_name, extra={"action": "adopt"},
-            )
     return True
 
 
 def _plan_after_adoption(run: Run, using: str) -> None:
+    """Do what the rolled-back claim would have done after publishing ``run``, and log it."""
+    logger.warning(
+        "adopted run %s of %r: published by a replica that did not commit its claim",
+        run.task_id, run.periodic_task_name, extra={"action": "adopt"},
+    )
     task = run.periodic_task
     if task is None or run.trigger != Run.Trigger.SCHEDULE:
         return
@@ -1140,10 +1141,6 @@ def begin_execution(
         Run.objects.using(using).filter(pk=run.pk).update(**fields)
         if adopted:  # after the update: a task has one pending scheduled run at a time
             _plan_after_adoption(run, using)
-            logger.warning(
-                "adopted run %s of %r: published by a replica that did not commit its claim",
-                task_id, run.periodic_task_name, extra={"action": "adopt"},
-            )
     return Execution(True, True, reason, run.pk)
 
 

@@ -9,8 +9,9 @@ import psycopg
 import pytest
 from django.db import connection
 
-from scheduling import ledger
+from scheduling import ledger, slots
 from scheduling.messages import Message
+from scheduling.models import Run
 
 GRACE = timedelta(seconds=60)
 
@@ -52,3 +53,12 @@ def claim(publish, replica_id: str = "test:1", batch_size: int = 100):
     return ledger.claim_and_dispatch(
         publish, replica_id=replica_id, batch_size=batch_size, grace=GRACE
     )
+
+
+def make_due(task) -> Run:
+    """Plan the task's scheduled run (reconcile) and move it to 'due now' on the database clock."""
+    ledger.reconcile(GRACE)
+    run = Run.objects.pending().get(periodic_task=task)
+    now = ledger.database_now()
+    Run.objects.filter(pk=run.pk).update(scheduled_for=now, task_id=slots.task_id_for(task.pk, now))
+    return Run.objects.get(pk=run.pk)

@@ -9,23 +9,16 @@ from django.db import connection
 
 from scheduling import ledger, slots
 from scheduling.models import Run
-from tests.integration.conftest import GRACE, claim
+from tests.integration.conftest import GRACE, claim, make_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-def _due_now(task) -> Run:
-    ledger.reconcile(GRACE)
-    run = Run.objects.pending().get(periodic_task=task)
-    now = ledger.database_now()
-    Run.objects.filter(pk=run.pk).update(scheduled_for=now, task_id=slots.task_id_for(task.pk, now))
-    return Run.objects.get(pk=run.pk)
 
 
 def test_an_unknown_time_zone_written_by_sql_fails_only_its_own_run(make_task, recorder):
     good = make_task(every=60, start_time=ledger.database_now() - timedelta(seconds=1))
     bad = make_task(cron="* * * * *")
-    good_run, bad_run = _due_now(good), _due_now(bad)
+    good_run, bad_run = make_due(good), make_due(bad)
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE django_celery_beat_crontabschedule SET timezone = 'Mars/Olympus' WHERE id = %s",
@@ -52,7 +45,7 @@ def test_a_run_due_since_1900_is_coalesced_without_stopping_the_batch(make_task,
     good = make_task(every=60, start_time=ledger.database_now() - timedelta(seconds=1))
     slot = datetime(1900, 1, 1, tzinfo=UTC)
     ancient = make_task(every=1, start_time=slot)
-    good_run = _due_now(good)
+    good_run = make_due(good)
     Run.objects.filter(periodic_task=ancient, status=Run.Status.PENDING).update(
         scheduled_for=slot, task_id=slots.task_id_for(ancient.pk, slot)
     )

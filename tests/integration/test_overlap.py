@@ -11,19 +11,10 @@ from django.test.utils import CaptureQueriesContext, override_settings
 
 from scheduling import ledger, slots
 from scheduling.models import Run, TaskPolicy
-from tests.integration.conftest import GRACE, claim
+from tests.integration.conftest import GRACE, claim, make_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-def _due_scheduled(task) -> Run:
-    """Plan the task's run and move it to 'due now'."""
-    ledger.reconcile(GRACE)
-    run = Run.objects.pending().get(periodic_task=task)
-    now = ledger.database_now()
-    Run.objects.filter(pk=run.pk).update(scheduled_for=now, task_id=slots.task_id_for(task.pk, now))
-    run.refresh_from_db()
-    return run
 
 
 def _unfinished(task, status: str = Run.Status.RUNNING, age: float = 5.0) -> Run:
@@ -49,7 +40,7 @@ def _skip_task(make_task, stale: int | None = None):
 def test_skip_records_skipped_while_the_previous_run_is_unfinished(make_task, recorder, status):
     task = _skip_task(make_task)
     previous = _unfinished(task, status)
-    run = _due_scheduled(task)
+    run = make_due(task)
 
     claim(recorder)
 
@@ -68,7 +59,7 @@ def test_skip_records_skipped_while_the_previous_run_is_unfinished(make_task, re
 def test_a_finished_previous_run_does_not_block(make_task, recorder):
     task = _skip_task(make_task)
     _unfinished(task, Run.Status.SUCCEEDED)
-    run = _due_scheduled(task)
+    run = make_due(task)
     claim(recorder)
     assert Run.objects.get(pk=run.pk).status == Run.Status.DISPATCHED
     assert recorder.task_ids == [run.task_id]
@@ -78,7 +69,7 @@ def test_allow_dispatches_overlapping_runs(make_task, recorder):
     task = make_task(every=3600)
     TaskPolicy.objects.create(periodic_task=task, overlap_policy=TaskPolicy.Overlap.ALLOW)
     _unfinished(task)
-    run = _due_scheduled(task)
+    run = make_due(task)
     claim(recorder)
     assert Run.objects.get(pk=run.pk).status == Run.Status.DISPATCHED
 
@@ -86,7 +77,7 @@ def test_allow_dispatches_overlapping_runs(make_task, recorder):
 def test_a_stale_unfinished_run_no_longer_blocks_per_task_bound(make_task, recorder):
     task = _skip_task(make_task, stale=30)
     _unfinished(task, age=31)
-    run = _due_scheduled(task)
+    run = make_due(task)
     claim(recorder)
     assert Run.objects.get(pk=run.pk).status == Run.Status.DISPATCHED
 
@@ -96,7 +87,7 @@ def test_the_global_staleness_bound_applies_without_a_per_task_one(make_task, re
     blocked, free = _skip_task(make_task), _skip_task(make_task)
     _unfinished(blocked, age=10)
     _unfinished(free, age=21)
-    runs = {t.pk: _due_scheduled(t) for t in (blocked, free)}
+    runs = {t.pk: make_due(t) for t in (blocked, free)}
     claim(recorder)
     assert Run.objects.get(pk=runs[blocked.pk].pk).status == Run.Status.SKIPPED
     assert Run.objects.get(pk=runs[free.pk].pk).status == Run.Status.DISPATCHED
@@ -135,7 +126,7 @@ def test_the_claim_costs_the_same_queries_for_two_tasks_or_eight(make_task, reco
         for task in tasks[::2]:
             _unfinished(task)
         for task in tasks:
-            _due_scheduled(task)
+            make_due(task)
         with CaptureQueriesContext(connection) as captured:
             claim(recorder)
         return len(captured)
