@@ -67,3 +67,10 @@ def utc(*args: int) -> datetime:
 
 def seconds(n: float) -> timedelta:
     return timedelta(seconds=n)
+
+
+def pytest_collection_modifyitems(items):
+    """Mark every test under tests/unit `once`: pure logic, the same on any database or broker."""
+    for item in items:
+        if "/tests/unit/" in str(item.path):
+            item.add_marker(pytest.mark.once)
