@@ -21,7 +21,11 @@ from scheduling.models import ScheduleChange
 from tests.acceptance.deployment import Deployment
 from tests.acceptance.settings_beat_schedule import CELERY_BEAT_SCHEDULE
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.acceptance,
+    pytest.mark.once,
+    pytest.mark.django_db(transaction=True),
+]
 
 REPLICAS = [f"replica-{i}" for i in range(1, 11)]
 

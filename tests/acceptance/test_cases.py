@@ -16,7 +16,7 @@ from scheduling import ledger
 from scheduling.models import Run
 from tests.acceptance.deployment import Deployment
 
-pytestmark = pytest.mark.acceptance
+pytestmark = [pytest.mark.acceptance, pytest.mark.once]
 
 RUN_SECONDS = 36
 

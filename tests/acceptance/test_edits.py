@@ -19,7 +19,11 @@ from scheduling import ledger
 from scheduling.models import Run
 from tests.acceptance.deployment import Deployment, drain, wait_until
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.acceptance,
+    pytest.mark.once,
+    pytest.mark.django_db(transaction=True),
+]
 
 
 def test_changing_a_shared_crontab_row_moves_every_task_and_nothing_fires_at_the_old_time(
@@ -33,7 +37,7 @@ def test_changing_a_shared_crontab_row_moves_every_task_and_nothing_fires_at_the
 
     now = ledger.database_now()
     old = (now + timedelta(minutes=1)).replace(second=0, microsecond=0)
-    if old - now < timedelta(seconds=25):
+    if old - now < timedelta(seconds=12):
         old += timedelta(minutes=1)
     new = old + timedelta(minutes=1)
     tasks = [make_task(cron=f"{old.minute} * * * *", name=f"shared-{i}") for i in range(4)]

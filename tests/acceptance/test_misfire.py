@@ -18,7 +18,11 @@ from scheduling import ledger
 from scheduling.models import Run, TaskPolicy
 from tests.acceptance.deployment import Deployment, drain, wait_until
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.acceptance,
+    pytest.mark.once,
+    pytest.mark.django_db(transaction=True),
+]
 
 EVERY = timedelta(seconds=3)
 GRACE = timedelta(seconds=4)

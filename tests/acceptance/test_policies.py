@@ -21,7 +21,11 @@ from tests.acceptance.deployment import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.acceptance,
+    pytest.mark.once,
+    pytest.mark.django_db(transaction=True),
+]
 
 OUTAGE_SECONDS = 20
 
