@@ -414,8 +414,23 @@ def _next_solar(task: PeriodicTask, after: datetime) -> datetime:
         ) from exc
     solar = task.solar
     sched = schedules.solar(solar.event, float(solar.latitude), float(solar.longitude))
-    sched.nowfun = lambda: after
-    return (after + sched.remaining_estimate(after)).astimezone(UTC)
+
+    def event_after(moment: datetime) -> datetime:
+        sched.nowfun = lambda: moment
+        return (moment + sched.remaining_estimate(moment)).astimezone(UTC)
+
+    # ephem's event times carry microseconds of float noise that depend on the starting moment,
+    # so two replicas would compute different slots (and task ids) for one sunrise. Slots are
+    # the event rounded to the whole second; the event itself is only accurate to about a minute.
+    event = event_after(after)
+    slot = _round_to_second(event)
+    if slot <= after:  # rounded down onto the slot just dispatched: this event is done
+        slot = _round_to_second(event_after(event + timedelta(seconds=1)))
+    return slot
+
+
+def _round_to_second(moment: datetime) -> datetime:
+    return (moment + timedelta(microseconds=500_000)).replace(microsecond=0)
 
 
 def _require_aware(value: datetime, name: str) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django_celery_beat.models import ClockedSchedule, PeriodicTask
+from django_celery_beat.models import ClockedSchedule, PeriodicTask, SolarSchedule
 
 from scheduling import ledger, slots
 from scheduling.models import Run
 from tests.integration.conftest import GRACE, claim
+
+HOUR = timedelta(hours=1)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -143,3 +145,16 @@ def test_broken_schedule_is_recorded_once_and_others_are_planned(make_task, capl
     assert Run.objects.get(periodic_task=broken).error.startswith("invalid crontab 0 0 31 2 *: ")
     assert Run.objects.pending().get().periodic_task_id == fine.pk
     assert caplog.text.count("cannot plan periodic task") == 1
+
+
+def test_solar_task_is_planned_at_its_next_event_on_a_whole_second():
+    solar = SolarSchedule.objects.create(event="sunset", latitude=52.52, longitude=13.40)
+    task = PeriodicTask.objects.create(name="sunset", task="project.tasks.record", solar=solar)
+    ledger.reconcile(GRACE)
+    run = Run.objects.pending().get(periodic_task=task)
+    now = ledger.database_now()
+    # any replica, planning at any moment before the event, computes the same slot
+    assert run.scheduled_for == slots.next_run(task, now) == slots.next_run(task, now - HOUR)
+    assert run.scheduled_for.microsecond == 0
+    assert now < run.scheduled_for < now + timedelta(hours=24, minutes=5)
+    assert run.task_id == slots.task_id_for(task.pk, run.scheduled_for)

@@ -6,6 +6,7 @@ DST tables are in ``test_slots_dst.py``, property tests in ``test_slots_properti
 
 from __future__ import annotations
 
+import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -484,17 +485,44 @@ def test_invalid_crontab_field_raises_schedule_error(expr):
         slots.next_run(cron_task(expr), utc(2025, 1, 1))
 
 
-def test_solar_without_ephem_raises_schedule_error():
-    try:
-        import ephem  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("ephem is installed")
-    solar = SolarSchedule(id=next_id(), event="sunrise", latitude=52.52, longitude=13.40)
-    task = PeriodicTask(name="solar", task="project.tasks.record", solar=solar)
+def solar_task(event: str, latitude: float, longitude: float) -> PeriodicTask:
+    solar = SolarSchedule(id=next_id(), event=event, latitude=latitude, longitude=longitude)
+    return PeriodicTask(name="solar", task="project.tasks.record", solar=solar)
+
+
+def test_solar_without_ephem_raises_schedule_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ephem", None)  # what `import ephem` sees when not installed
     with pytest.raises(ScheduleError, match="pip install ephem"):
-        slots.next_run(task, utc(2025, 1, 1))
+        slots.next_run(solar_task("sunrise", 52.52, 13.40), utc(2025, 1, 1))
+
+
+# Berlin (52.52 N, 13.40 E), published almanac times in CEST (UTC+2), to the minute.
+@pytest.mark.parametrize(
+    ("event", "after", "expected"),
+    [
+        ("sunrise", utc(2026, 6, 21), utc(2026, 6, 21, 2, 43)),  # 04:43 CEST
+        ("sunset", utc(2026, 6, 21), utc(2026, 6, 21, 19, 33)),  # 21:33 CEST
+        ("sunrise", utc(2026, 6, 21, 3), utc(2026, 6, 22, 2, 43)),  # after today's: tomorrow's
+    ],
+)
+def test_solar_slots_are_the_event_times(event, after, expected):
+    slot = slots.next_run(solar_task(event, 52.52, 13.40), after)
+    assert abs(slot - expected) < timedelta(minutes=1), slot
+    assert (slot.tzinfo, slot.microsecond) == (UTC, 0)
+    # the same slot from any moment before the event (float noise does not move it)
+    assert slots.next_run(solar_task(event, 52.52, 13.40), after + timedelta(seconds=7)) == slot
+
+
+def test_solar_slot_chain_is_one_per_day_and_strictly_after():
+    task = solar_task("sunrise", 52.52, 13.40)
+    chain = [utc(2026, 3, 20)]
+    for _ in range(5):
+        chain.append(slots.next_run(task, chain[-1]))
+    assert [s.microsecond for s in chain] == [0] * 6
+    # from the slot just dispatched, rounded up or down, the next slot is the next day's event
+    gaps = [b - a for a, b in zip(chain[1:], chain[2:])]
+    # around the March equinox, sunrise in Berlin comes about 3.7 minutes earlier each day
+    assert all(timedelta(hours=23, minutes=54) < g < timedelta(hours=23, minutes=58) for g in gaps)
 
 
 def test_task_without_schedule_raises_schedule_error():
