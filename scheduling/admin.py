@@ -7,16 +7,20 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.core.exceptions import PermissionDenied
+from django.db.models import F, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.templatetags.static import static
+from django.urls import URLPattern, path
 from django.utils.html import format_html, format_html_join
 from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
-from scheduling import ledger
+from scheduling import ledger, replicas, timeline
+from scheduling.conf import conf
 from scheduling.exceptions import SchedulingError
-from scheduling.models import Run, TaskPolicy
+from scheduling.models import Replica, Run, ScheduleHealth, TaskPolicy
 
 RECENT_RUNS = 10
 
@@ -25,8 +29,21 @@ def _seconds(delta: timedelta | None) -> str:
     return "-" if delta is None else f"{delta.total_seconds():.3f} s"
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """An audit view: nothing can be added, changed or deleted here."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(ReadOnlyAdmin):
     """The ledger: every run, its outcome and timings; nothing can be added, changed, deleted."""
 
     list_display = (
@@ -67,15 +84,6 @@ class RunAdmin(admin.ModelAdmin):
     @admin.display(description="runtime")
     def display_runtime(self, run: Run) -> str:
         return _seconds(run.runtime)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 admin.site.unregister(PeriodicTask)
@@ -184,3 +192,81 @@ class BackfillForm(forms.Form):
 
     since = forms.DateTimeField(help_text="UTC, e.g. 2026-01-05 10:00:00")
     until = forms.DateTimeField(help_text="UTC, excluded; not in the future")
+
+
+@admin.register(Replica)
+class ReplicaAdmin(ReadOnlyAdmin):
+    """Beat replicas as their heartbeats report them (display only); stale ones flagged."""
+
+    list_display = (
+        "id", "host", "pid", "display_started", "display_last_tick", "runs_claimed",
+        "display_state",
+    )
+    search_fields = ("id", "host")
+    # Running replicas first (stale ones sink below live ones), then the stopped ones.
+    ordering = (F("stopped_at").desc(nulls_first=True), "-last_tick_at", "id")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Replica]:
+        return replicas.with_state(super().get_queryset(request))
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        extra = {
+            "title": "Beat replicas",
+            "heartbeat_interval": conf.heartbeat_interval,
+            "stale_after": replicas.stale_after().total_seconds(),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, extra)
+
+    @admin.display(description="started (UTC)", ordering="started_at")
+    def display_started(self, replica: Replica) -> str:
+        return f"{replica.started_at:%Y-%m-%d %H:%M:%S}"
+
+    @admin.display(description="last tick (UTC)", ordering="-last_tick_at")
+    def display_last_tick(self, replica: Any) -> str:
+        return format_html(
+            "{} <span class=\"quiet\">({} s ago)</span>",
+            f"{replica.last_tick_at:%Y-%m-%d %H:%M:%S}", f"{replica.tick_age:.0f}",
+        )
+
+    @admin.display(description="state")
+    def display_state(self, replica: Any) -> str:
+        icon = {"live": "icon-yes.svg", "stale": "icon-alert.svg", "stopped": "icon-no.svg"}
+        text = {
+            "live": "live",
+            "stale": f"stale: no tick for {replica.tick_age:.0f} s",
+            "stopped": f"stopped {replica.stopped_at:%Y-%m-%d %H:%M:%S}" if replica.stopped_at
+            else "stopped",
+        }
+        return format_html(
+            '<span class="replica-state replica-{}"><img src="{}" alt="{}"> {}</span>',
+            replica.state, static(f"admin/img/{icon[replica.state]}"), replica.state,
+            text[replica.state],
+        )
+
+
+@admin.register(ScheduleHealth)
+class ScheduleHealthAdmin(ReadOnlyAdmin):
+    """The schedule health page: a 24-hour timeline of runs per periodic task (view on runs)."""
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.changelist_view)
+        return [path("", view, name="scheduling_schedulehealth_changelist")]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("scheduling.view_run")
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> TemplateResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Schedule health: the last 24 hours",
+            "opts": self.model._meta,
+            "timeline": timeline.build(request.GET.get("p")),
+            "outcomes": timeline.OUTCOMES,
+            "chart_width": timeline.CHART_WIDTH,
+            "row_height": timeline.ROW_HEIGHT,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/scheduling/schedule_health.html", context)

@@ -48,6 +48,11 @@ DEFAULTS: dict[str, _Setting] = {
     "REJECT_UNKNOWN_TASKS": _Setting(
         True, "Fail a run whose task name the beat process's Celery app does not know."
     ),
+    "HEARTBEAT_INTERVAL": _Setting(
+        5.0,
+        "Seconds between two heartbeats of a replica (its row in the replicas page; display and "
+        "health probes only). A replica is shown stale after 3 intervals without a tick.",
+    ),
     "TEST_PAUSE_AFTER_PUBLISH": _Setting(
         0.0, "Test hook: seconds to sleep after publishing, before the claim commits."
     ),
@@ -100,6 +105,10 @@ class Conf:
     @property
     def reject_unknown_tasks(self) -> bool:
         return bool(self._get("REJECT_UNKNOWN_TASKS"))
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return float(self._get("HEARTBEAT_INTERVAL"))  # type: ignore[arg-type]
 
     @property
     def test_pause_after_publish(self) -> float:

@@ -245,3 +245,38 @@ class Run(models.Model):
         if self.started_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.started_at
+
+
+class Replica(models.Model):
+    """One beat replica as it last reported itself: for display and health probes only.
+
+    ``scheduling.replicas.Heartbeat`` upserts the row at most every
+    ``SCHEDULING_HEARTBEAT_INTERVAL`` seconds, outside any claim transaction; times are the
+    database clock (aware, UTC). Nothing in the claim path reads it: a replica without a row, or
+    with a stale one, dispatches as usual.
+    ``runs_claimed`` counts the runs this process committed a claim on since ``started_at``.
+    ``stopped_at`` is set on a clean shutdown; a killed replica keeps its last tick and shows stale.
+    """
+
+    id = models.CharField("replica", max_length=255, primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    last_tick_at = models.DateTimeField()
+    runs_claimed = models.PositiveBigIntegerField(default=0)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-last_tick_at"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class ScheduleHealth(Run):
+    """The ledger seen per periodic task over the last 24 hours (an admin page, no table)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "schedule health"
+        verbose_name_plural = "schedule health"

@@ -37,6 +37,7 @@ from scheduling import ledger
 from scheduling.conf import conf
 from scheduling.exceptions import PublishFailed, RunRejected
 from scheduling.messages import Message
+from scheduling.replicas import Heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._last_reconcile = 0.0
         self._failures = 0
         self._failing = ""
+        self.heartbeat = Heartbeat(self.replica_id)
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
@@ -81,6 +83,11 @@ class LedgerScheduler(DatabaseScheduler):
 
     def sync(self) -> None:
         """Nothing to write back: every dispatch is committed when it happens."""
+
+    def close(self) -> None:
+        """Record a clean shutdown in the replica's heartbeat row, then close as beat does."""
+        self.heartbeat.stop()
+        super().close()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Run one scheduler pass; return the seconds to sleep before the next."""
@@ -103,6 +110,7 @@ class LedgerScheduler(DatabaseScheduler):
                 extra={"action": "recovered", "replica": self.replica_id},
             )
             self._failures = 0
+        self.heartbeat.beat()  # display only, after the claim committed; never raises
         return delay
 
     def _tick(self) -> float:
@@ -137,6 +145,7 @@ class LedgerScheduler(DatabaseScheduler):
                 grace=grace,
                 pause_after_publish=conf.test_pause_after_publish,
             )
+        self.heartbeat.claimed(len(dispatched))
         # More may be due (a full batch) or planned already due (a catching-up interval): look
         # again at once. Runs locked by other replicas are theirs; come back after a short nap.
         return 0.0 if dispatched else min(self.max_interval, 0.05)

@@ -1,0 +1,94 @@
+"""The replicas and schedule health admin pages, through Django's test client."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+from tests.pages_seed import HOURLY, REPORT, SYNC, XSS_ERROR, seed_ledger, seed_replicas
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HEALTH = reverse("admin:scheduling_schedulehealth_changelist")
+REPLICAS = reverse("admin:scheduling_replica_changelist")
+
+
+@pytest.fixture
+def staff(client):
+    user = User.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(user)
+    return client
+
+
+def _cells(html: str, task: str) -> dict[str, str]:
+    """The numeric cells of one task's row: {"runs": "9", "failed": "1", ...}."""
+    row = html.split(f'data-task="{task}"', 1)[1].split("</tr>", 1)[0]
+    return dict(re.findall(r'<td class="num (\w+)[^"]*">([^<]*)</td>', row))
+
+
+def test_health_page_counts_lateness_and_escaping(staff):
+    seed_ledger()
+    html = staff.get(HEALTH).content.decode()
+
+    escaped_sync = "sync &lt;b&gt;orders&lt;/b&gt; &amp; invoices"
+    assert SYNC == "sync <b>orders</b> & invoices"
+    names = re.findall(r'<tr class="task-row" data-task="([^"]*)"', html)
+    assert names == [HOURLY, REPORT, escaped_sync]
+    assert _cells(html, HOURLY) == {
+        "runs": "9", "succeeded": "7", "failed": "1", "missed": "0", "skipped": "0",
+        "p95": "0.187 s", "max": "0.250 s",
+    }
+    assert _cells(html, escaped_sync) == {
+        "runs": "6", "succeeded": "2", "failed": "0", "missed": "2", "skipped": "1",
+        "p95": "85.575 s", "max": "90.000 s",
+    }
+    assert _cells(html, REPORT)["runs"] == "2"
+    marks = re.findall(r'<g class="mark mark-(\w+)" data-runs="(\d+)">', html)
+    per_outcome: dict[str, int] = {}
+    for outcome, runs in marks:
+        assert runs == "1"  # runs of one task are hours apart: one mark each
+        per_outcome[outcome] = per_outcome.get(outcome, 0) + 1
+    assert per_outcome == {
+        "succeeded": 10, "failed": 1, "active": 1, "missed": 2, "skipped": 1, "cancelled": 1,
+        "expired": 1,
+    }
+    assert "<b>orders" not in html and "<script>window" not in html
+    assert "&lt;script&gt;window.pwned = 1&lt;/script&gt; boom" in html  # the failed run's title
+    assert XSS_ERROR not in html
+
+
+def test_health_page_queries_do_not_grow_with_runs(staff, django_assert_max_num_queries):
+    seed_ledger()
+    with django_assert_max_num_queries(12):
+        assert staff.get(HEALTH).status_code == 200
+
+
+def test_replicas_page_flags_stale_and_stopped(staff):
+    seed_replicas()
+    html = staff.get(REPLICAS).content.decode()
+    states = re.findall(
+        r'<th class="field-id"><a [^>]*>([^<]+)</a></th>.*?'
+        r'<td class="field-runs_claimed">(\d+)</td>.*?replica-state replica-(\w+)',
+        html, re.DOTALL,
+    )
+    assert states == [
+        ("replica-live", "7", "live"), ("replica-stale", "3", "stale"),
+        ("replica-stopped", "2", "stopped"),
+    ]
+    assert "stale: no tick for 600 s" in html
+
+
+def test_pages_need_staff_and_the_view_permission_on_runs(client):
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    client.force_login(user)
+    assert client.get(HEALTH).status_code == 403
+    user.user_permissions.add(Permission.objects.get(codename="view_run"))
+    user = User.objects.get(pk=user.pk)
+    client.force_login(user)
+    assert client.get(HEALTH).status_code == 200
+    client.logout()
+    response = client.get(HEALTH)
+    assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
