@@ -1,12 +1,15 @@
-"""Shared fixtures: factories for periodic tasks and schedules."""
+"""Shared fixtures: factories for periodic tasks and schedules, a second database session."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
+from django.db import connection
 from django_celery_beat.models import (
     ClockedSchedule,
     CrontabSchedule,
@@ -15,6 +18,19 @@ from django_celery_beat.models import (
 )
 
 _names = itertools.count()
+
+
+@pytest.fixture
+def raw_connection(transactional_db) -> Iterator[psycopg.Connection]:
+    """A second connection to the test database, outside Django, in manual-commit mode."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    conn = psycopg.connect(**params)
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 @pytest.fixture

@@ -1,32 +1,16 @@
-"""Integration fixtures: a real PostgreSQL (the test database) and a second raw connection."""
+"""Integration fixtures and helpers: a real PostgreSQL (the test database), claims, due runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
-import psycopg
 import pytest
-from django.db import connection
 
 from scheduling import ledger, slots
 from scheduling.messages import Message
 from scheduling.models import Run
 
 GRACE = timedelta(seconds=60)
-
-
-@pytest.fixture
-def raw_connection(transactional_db) -> Iterator[psycopg.Connection]:
-    """A second connection to the test database, outside Django, in manual-commit mode."""
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    conn = psycopg.connect(**params)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 class Recorder:

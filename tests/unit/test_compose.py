@@ -31,3 +31,10 @@ def test_django_services_use_the_compose_postgres_and_redis():
         assert env["CELERY_BROKER_URL"] == "redis://redis:6379/0"
         assert services[name]["depends_on"]["postgres"] == {"condition": "service_healthy"}
     assert "migrate" in services["web"]["command"]
+
+
+def test_app_healthcheck_is_the_health_command_on_its_own_replica():
+    health = _compose()["services"]["app"]["healthcheck"]
+    assert health["test"] == ["CMD", "python", "manage.py", "scheduling_health", "--local"]
+    assert (health["interval"], health["timeout"], health["retries"]) == ("15s", "10s", 3)
+    assert health["start_period"] == "30s"
