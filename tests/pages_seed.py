@@ -1,7 +1,10 @@
 """A ledger and replicas to show on the admin pages, seeded through the models and heartbeats.
 
-Times are relative to the database clock. Runs of one task are at least 30 minutes apart, so
-each run is one mark on the schedule health chart and the expected marks per outcome are exact.
+Times are relative to the database clock. Runs of the tasks in ``RUNS`` are at least 30 minutes
+apart, so each is one mark on the schedule health chart. ``MINUTELY`` ran every minute from 1 to
+1,430 minutes ago (``MINUTELY_FAILED`` of them failed): its runs share 5-minute marks, 286 or
+287 succeeded ones (the buckets start at the page's own clock) and one per failed run (they are
+10 minutes or more apart).
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ from scheduling.replicas import Heartbeat
 HOURLY = "hourly digest"
 SYNC = "sync <b>orders</b> & invoices"
 REPORT = "nightly report"
+MINUTELY = "every minute"
+#: Minutes before now of the failed runs of MINUTELY.
+MINUTELY_FAILED = (100, 130, 700)
+MINUTELY_RUNS = 1430
 XSS_ERROR = "<script>window.pwned = 1</script> boom"
 
 #: Per task, (hours before now, status, lateness in seconds or None, error/reason).
@@ -72,6 +79,22 @@ def seed_ledger() -> Seeded:
                     error=text if failed else "", reason="" if failed else text,
                 )
             )
+    minutely, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.MINUTES)
+    task = tasks[MINUTELY] = PeriodicTask.objects.create(
+        name=MINUTELY, task="project.tasks.record", interval=minutely
+    )
+    for minutes in range(1, MINUTELY_RUNS + 1):
+        scheduled = now - timedelta(minutes=minutes)
+        failed = minutes in MINUTELY_FAILED
+        runs.append(
+            Run(
+                periodic_task=task, periodic_task_name=MINUTELY, task=task.task,
+                scheduled_for=scheduled, task_id=str(uuid.uuid4()), claimed_by="replica-1",
+                status=Run.Status.FAILED if failed else Run.Status.SUCCEEDED,
+                dispatched_at=scheduled + timedelta(milliseconds=5), error="ZeroDivisionError"
+                if failed else "",
+            )
+        )
     Run.objects.bulk_create(runs)
     return Seeded(now, tasks)
 

@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
-from tests.pages_seed import HOURLY, REPORT, SYNC, XSS_ERROR, seed_ledger, seed_replicas
+from tests.pages_seed import (
+    HOURLY,
+    MINUTELY,
+    REPORT,
+    SYNC,
+    XSS_ERROR,
+    seed_ledger,
+    seed_replicas,
+)
 
 pytestmark = [pytest.mark.once, pytest.mark.django_db(transaction=True)]
 
@@ -64,9 +72,10 @@ def test_admin_index_links_both_pages_and_they_show_the_ledger(page):
     page.screenshot(path=str(ARTIFACTS / "schedule_health.png"), full_page=True)
 
     names = page.locator("tr.task-row th.task-name a").all_inner_texts()
-    assert names == [HOURLY, REPORT, SYNC]
+    assert names == [MINUTELY, HOURLY, REPORT, SYNC]
+    sparse = page.locator("tr.task-row").filter(has_not_text=MINUTELY)
     marks = {
-        outcome: page.locator(f"tr.task-row g.mark-{outcome}").count()
+        outcome: sparse.locator(f"g.mark-{outcome}").count()
         for outcome in ("succeeded", "failed", "active", "missed", "skipped", "cancelled",
                         "expired")
     }
@@ -74,11 +83,20 @@ def test_admin_index_links_both_pages_and_they_show_the_ledger(page):
         "succeeded": 10, "failed": 1, "active": 1, "missed": 2, "skipped": 1, "cancelled": 1,
         "expired": 1,
     }
+    dense = page.locator("tr.task-row", has_text=MINUTELY)
+    runs = dense.locator("g.mark-succeeded").evaluate_all(
+        "marks => marks.map(m => Number(m.dataset.runs))"
+    )
+    assert len(runs) in (286, 287) and max(runs) == 5 and sum(runs) == 1427
+    assert dense.locator("g.mark-failed").count() == 3
+    assert dense.locator("td.runs").inner_text() == "1430"
     sync = page.locator("tr.task-row", has_text=SYNC)
     assert sync.locator("g.mark-missed").count() == 2
     cells = [sync.locator(f"td.{c}").inner_text() for c in ("runs", "missed", "skipped", "max")]
     assert cells == ["6", "2", "1", "90.000 s"]
-    failed_title = page.locator("g.mark-failed title").text_content()
+    failed_title = page.locator("tr.task-row", has_text=HOURLY).locator(
+        "g.mark-failed title"
+    ).text_content()
     assert failed_title is not None and failed_title.endswith(f"lateness 0.250 s · {XSS_ERROR}")
     assert page.evaluate("window.pwned === undefined")  # the error text was not run as script
     assert page.locator("#health-legend .legend-item").all_inner_texts() == [

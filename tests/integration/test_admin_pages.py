@@ -8,7 +8,15 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
-from tests.pages_seed import HOURLY, REPORT, SYNC, XSS_ERROR, seed_ledger, seed_replicas
+from tests.pages_seed import (
+    HOURLY,
+    MINUTELY,
+    REPORT,
+    SYNC,
+    XSS_ERROR,
+    seed_ledger,
+    seed_replicas,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,6 +37,15 @@ def _cells(html: str, task: str) -> dict[str, str]:
     return dict(re.findall(r'<td class="num (\w+)[^"]*">([^<]*)</td>', row))
 
 
+def _marks(html: str, task: str) -> list[tuple[str, int]]:
+    """(outcome, runs) of each mark in one task's row."""
+    row = html.split(f'data-task="{task}"', 1)[1].split("</tr>", 1)[0]
+    return [
+        (outcome, int(runs))
+        for outcome, runs in re.findall(r'<g class="mark mark-(\w+)" data-runs="(\d+)">', row)
+    ]
+
+
 def test_health_page_counts_lateness_and_escaping(staff):
     seed_ledger()
     html = staff.get(HEALTH).content.decode()
@@ -36,7 +53,7 @@ def test_health_page_counts_lateness_and_escaping(staff):
     escaped_sync = "sync &lt;b&gt;orders&lt;/b&gt; &amp; invoices"
     assert SYNC == "sync <b>orders</b> & invoices"
     names = re.findall(r'<tr class="task-row" data-task="([^"]*)"', html)
-    assert names == [HOURLY, REPORT, escaped_sync]
+    assert names == [MINUTELY, HOURLY, REPORT, escaped_sync]
     assert _cells(html, HOURLY) == {
         "runs": "9", "succeeded": "7", "failed": "1", "missed": "0", "skipped": "0",
         "p95": "0.187 s", "max": "0.250 s",
@@ -46,15 +63,22 @@ def test_health_page_counts_lateness_and_escaping(staff):
         "p95": "85.575 s", "max": "90.000 s",
     }
     assert _cells(html, REPORT)["runs"] == "2"
-    marks = re.findall(r'<g class="mark mark-(\w+)" data-runs="(\d+)">', html)
     per_outcome: dict[str, int] = {}
-    for outcome, runs in marks:
-        assert runs == "1"  # runs of one task are hours apart: one mark each
-        per_outcome[outcome] = per_outcome.get(outcome, 0) + 1
+    for task in (HOURLY, REPORT, escaped_sync):
+        for outcome, runs in _marks(html, task):
+            assert runs == 1  # runs of one task are hours apart: one mark each
+            per_outcome[outcome] = per_outcome.get(outcome, 0) + 1
     assert per_outcome == {
         "succeeded": 10, "failed": 1, "active": 1, "missed": 2, "skipped": 1, "cancelled": 1,
         "expired": 1,
     }
+    # Every minute for 24 h: one mark per 5-minute bucket, each standing for its runs.
+    dense = _marks(html, MINUTELY)
+    assert [n for o, n in dense if o == "failed"] == [1, 1, 1]
+    succeeded = [n for o, n in dense if o == "succeeded"]
+    assert len(succeeded) in (286, 287) and max(succeeded) == 5
+    assert sum(succeeded) == 1427
+    assert _cells(html, MINUTELY)["runs"] == "1430"
     assert "<b>orders" not in html and "<script>window" not in html
     assert "&lt;script&gt;window.pwned = 1&lt;/script&gt; boom" in html  # the failed run's title
     assert XSS_ERROR not in html
