@@ -18,7 +18,7 @@ from tests.pages_seed import (
     seed_replicas,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.once, pytest.mark.django_db(transaction=True)]
 
 HEALTH = reverse("admin:scheduling_schedulehealth_changelist")
 REPLICAS = reverse("admin:scheduling_replica_changelist")
