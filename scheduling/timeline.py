@@ -10,7 +10,6 @@ as many marks as one running every five minutes. A bucket holding one run is tha
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -26,6 +25,7 @@ from django.db.models import (
     Min,
     OuterRef,
     Q,
+    QuerySet,
     Value,
 )
 from django.db.models.functions import Coalesce, Extract, Floor, Left, NullIf
@@ -144,8 +144,8 @@ class Mark:
         if self.max_lateness is not None:
             late = "lateness" if self.runs == 1 else "max lateness"
             parts.append(f"{late} {self.max_lateness:.3f} s")
-        if self.detail:
-            parts.append(self.detail)
+        if self.detail:  # the reason or error of the run; of one of them for several
+            parts.append(self.detail if self.runs == 1 else f"e.g. {self.detail}")
         return " · ".join(parts)
 
     @property
@@ -206,16 +206,16 @@ def build(page_number: int | str | None = 1, now: datetime | None = None) -> Tim
     return Timeline(start, end, page, list(rows.values()), _ticks(start, end))
 
 
-def _add_statistics(rows: dict[int, TaskRow], runs: Iterable[Run]) -> None:
+def _add_statistics(rows: dict[int, TaskRow], runs: QuerySet[Run]) -> None:
     late = _lateness_seconds()
     timed = Q(trigger=Run.Trigger.SCHEDULE, dispatched_at__isnull=False)
     counts = (
-        runs.values("periodic_task_id", "status")  # type: ignore[attr-defined]
+        runs.values("periodic_task_id", "status")
         .annotate(n=Count("pk"))
         .order_by()
     )
     lateness = (
-        runs.values("periodic_task_id")  # type: ignore[attr-defined]
+        runs.values("periodic_task_id")
         .annotate(p95=P95(late, filter=timed), worst=Max(late, filter=timed))
         .order_by()
     )
@@ -229,7 +229,7 @@ def _add_statistics(rows: dict[int, TaskRow], runs: Iterable[Run]) -> None:
         row.p95_lateness, row.max_lateness = item["p95"], item["worst"]
 
 
-def _add_marks(rows: dict[int, TaskRow], runs: Iterable[Run], start: datetime) -> None:
+def _add_marks(rows: dict[int, TaskRow], runs: QuerySet[Run], start: datetime) -> None:
     bucket_seconds = WINDOW.total_seconds() / BUCKETS
     offset = Extract(
         F("scheduled_for") - Value(start, output_field=DateTimeField()),
@@ -238,7 +238,7 @@ def _add_marks(rows: dict[int, TaskRow], runs: Iterable[Run], start: datetime) -
     )
     detail = Left(Coalesce(NullIf("error", Value("")), "reason"), _DETAIL_CHARS)
     buckets = (
-        runs.annotate(bucket=Floor(offset / bucket_seconds))  # type: ignore[attr-defined]
+        runs.annotate(bucket=Floor(offset / bucket_seconds))
         .values("periodic_task_id", "bucket", "status")
         .annotate(
             n=Count("pk"),
@@ -270,11 +270,9 @@ def _add_marks(rows: dict[int, TaskRow], runs: Iterable[Run], start: datetime) -
     for (task_id, _bucket, _key), mark in sorted(
         merged.items(), key=lambda item: (order[item[0][2]], item[1].first)
     ):
-        mark.x = (mark.first - start).total_seconds() * scale
-        span = (mark.last - mark.first).total_seconds() * scale
-        mark.width = max(3.0, span)
-        mark.x = min(mark.x - 1.5 if mark.runs == 1 else mark.x, CHART_WIDTH - mark.width)
-        mark.x = max(0.0, mark.x)
+        x = (mark.first - start).total_seconds() * scale - (1.5 if mark.runs == 1 else 0.0)
+        mark.width = max(3.0, (mark.last - mark.first).total_seconds() * scale)
+        mark.x = min(max(0.0, x), CHART_WIDTH - mark.width)  # a single run centred on its time
         rows[task_id].marks.append(mark)
 
 

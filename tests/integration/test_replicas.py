@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @contextmanager
 def _captured(name: str) -> Iterator[list[logging.LogRecord]]:
-    """The records the logger ``name`` handles meanwhile (the project's loggers do not propagate)."""
+    """The records the logger ``name`` handles meanwhile (project loggers do not propagate)."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
