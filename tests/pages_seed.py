@@ -2,9 +2,9 @@
 
 Times are relative to the database clock. Runs of the tasks in ``RUNS`` are at least 30 minutes
 apart, so each is one mark on the schedule health chart. ``MINUTELY`` ran every minute from 1 to
-1,430 minutes ago (``MINUTELY_FAILED`` of them failed): its runs share 5-minute marks, 286 or
-287 succeeded ones (the buckets start at the page's own clock) and one per failed run (they are
-10 minutes or more apart).
+1,430 minutes ago (``MINUTELY_FAILED`` of them failed): its succeeded runs are drawn as 24
+marks, one per hour block of 5-minute buckets (the window ends at the page's own clock), and
+each failed run as a mark of its own (they are 10 minutes or more apart).
 """
 
 from __future__ import annotations
