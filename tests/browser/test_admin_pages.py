@@ -75,6 +75,9 @@ def test_admin_index_links_both_pages_and_they_show_the_ledger(page):
     page.get_by_role("link", name="Schedule health", exact=True).first.click()
     page.wait_for_selector("#schedule-health")
     page.screenshot(path=str(ARTIFACTS / "schedule_health.png"), full_page=True)
+    page.emulate_media(color_scheme="dark")  # the admin's dark theme: the same page, readable
+    page.screenshot(path=str(ARTIFACTS / "schedule_health_dark.png"), full_page=True)
+    page.emulate_media(color_scheme="light")
 
     names = page.locator("tr.task-row th.task-name a").all_inner_texts()
     assert names == [MINUTELY, HOURLY, REPORT, SYNC]
