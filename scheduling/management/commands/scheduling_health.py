@@ -37,7 +37,7 @@ class Command(BaseCommand):
         try:
             verdict = check(options["max_tick_age"], options["max_overdue"], host=host)
         except DatabaseError as exc:
-            self.stderr.write(f"unhealthy: cannot read the database: {exc}".replace("\n", " "))
+            self.stderr.write("unhealthy: cannot read the database: " + " ".join(str(exc).split()))
             sys.exit(1)
         if not verdict.healthy:
             self.stderr.write(verdict.line)
