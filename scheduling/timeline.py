@@ -80,7 +80,7 @@ OUTCOMES = (
         "#3a7fc1", "bar",
     ),
     Outcome("cancelled", "cancelled", (Run.Status.CANCELLED,), "#9aa3ab", "dot"),
-    Outcome("skipped", "skipped (overlap)", (Run.Status.SKIPPED,), "#5b6b7b", "diamond"),
+    Outcome("skipped", "skipped (overlap)", (Run.Status.SKIPPED,), "#667a8e", "diamond"),
     Outcome("missed", "missed (misfire)", (Run.Status.MISSED,), "#e08a00", "triangle"),
     Outcome("expired", "expired", (Run.Status.EXPIRED,), "#8e44ad", "bar"),
     Outcome("failed", "failed", (Run.Status.FAILED,), "#d1383d", "bar"),
