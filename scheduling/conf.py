@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 
@@ -52,6 +53,26 @@ DEFAULTS: dict[str, _Setting] = {
         5.0,
         "Seconds between two heartbeats of a replica (its row in the replicas page; display and "
         "health probes only). A replica is shown stale after 3 intervals without a tick.",
+    ),
+    "METRICS_PORT": _Setting(
+        None, "Port on which each beat replica serves Prometheus metrics (/metrics); else the "
+        "SCHEDULING_METRICS_PORT environment variable; unset: no metrics server."
+    ),
+    "METRICS_ADDR": _Setting("0.0.0.0", "Address the metrics server binds."),
+    "METRICS_TASK_LABELS": _Setting(
+        True, "Label metrics with the periodic task's name; False: one series for all tasks "
+        "(task=\"*\"), for deployments with very many periodic tasks."
+    ),
+    "PRUNE_OLDER_THAN": _Setting(
+        None, "Built-in prune: delete finished runs that finished longer ago than this (a "
+        "duration such as '30d' or '12h', seconds, or a timedelta); unset: no built-in prune."
+    ),
+    "PRUNE_KEEP_LAST": _Setting(
+        0, "Built-in prune: keep at least this many most recent finished runs of each task."
+    ),
+    "PRUNE_INTERVAL": _Setting(3600.0, "Seconds between two built-in prune passes of a replica."),
+    "PRUNE_BATCH_SIZE": _Setting(
+        500, "Most runs one built-in prune transaction deletes (one batch per idle tick)."
     ),
     "TEST_PAUSE_AFTER_PUBLISH": _Setting(
         0.0, "Test hook: seconds to sleep after publishing, before the claim commits."
@@ -109,6 +130,38 @@ class Conf:
     @property
     def heartbeat_interval(self) -> float:
         return float(self._get("HEARTBEAT_INTERVAL"))  # type: ignore[arg-type]
+
+    @property
+    def metrics_port(self) -> int | None:
+        configured = self._get("METRICS_PORT") or os.environ.get("SCHEDULING_METRICS_PORT")
+        return int(configured) if configured else None  # type: ignore[call-overload]
+
+    @property
+    def metrics_addr(self) -> str:
+        return str(self._get("METRICS_ADDR"))
+
+    @property
+    def metrics_task_labels(self) -> bool:
+        return bool(self._get("METRICS_TASK_LABELS"))
+
+    @property
+    def prune_older_than(self) -> timedelta | None:
+        from scheduling.retention import parse_duration
+
+        value = self._get("PRUNE_OLDER_THAN")
+        return None if value in (None, "") else parse_duration(value)
+
+    @property
+    def prune_keep_last(self) -> int:
+        return int(self._get("PRUNE_KEEP_LAST"))  # type: ignore[call-overload]
+
+    @property
+    def prune_interval(self) -> float:
+        return float(self._get("PRUNE_INTERVAL"))  # type: ignore[arg-type]
+
+    @property
+    def prune_batch_size(self) -> int:
+        return int(self._get("PRUNE_BATCH_SIZE"))  # type: ignore[call-overload]
 
     @property
     def test_pause_after_publish(self) -> float:

@@ -132,6 +132,11 @@ def guard(request: Any, task_id: str) -> None:
         return
     if exclusive:
         liveness.unlock(key)
+    from scheduling import metrics
+
+    metrics.observe_suppressed(
+        request.get("periodic_task_name") or "", request.get("hostname") or ""
+    )
     logger.warning(
         "run %s: duplicate delivery suppressed (%s; retries=%d, redelivered=%s)",
         task_id, decision.reason, retries, redelivered, extra={"action": "suppress"},

@@ -19,7 +19,8 @@ from datetime import datetime, timedelta
 from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 from django.db.models import DateTimeField, Exists, F, Func, OuterRef, Q, QuerySet, Subquery
-from django.db.models import Case, IntegerField, When
+from django.db.models import Case, IntegerField, When, Window
+from django.db.models.functions import RowNumber
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
 from scheduling import slots
@@ -78,6 +79,11 @@ class Dispatched:
     status: str
     lateness: float | None
     task_id: str
+    trigger: str = "schedule"
+    #: What the misfire policy did with a late run: "missed", "coalesced", "caught_up" or "".
+    misfire: str = ""
+    #: Slots that misfire covered: missed rows' slots, a coalesced run's slots, 1 caught up.
+    misfired_slots: int = 0
 
 
 def configure_session(using: str = "default") -> None:
@@ -468,6 +474,7 @@ def claim_and_dispatch(
         for run in runs:
             now = claimed_at + timedelta(seconds=time.monotonic() - started)
             run.overlap = _overlap(run, busy)
+            mark = len(following)  # rows after it: the slots this run's misfire records missed
             try:
                 nxt, over = _dispatch_one(run, publish, now, grace, replica_id, following)
             except PublishFailed:
@@ -479,6 +486,7 @@ def claim_and_dispatch(
                 )
                 _close(run, Run.Status.FAILED, "error while dispatching", now, error=repr(exc))
                 nxt, over = None, False
+            run.missed_after = sum(row.slots for row in following[mark:])
             if run.status == Run.Status.DISPATCHED and run.periodic_task_id is not None:
                 busy.add(run.periodic_task_id)
             task = run.periodic_task
@@ -511,6 +519,8 @@ def claim_and_dispatch(
             status=run.status,
             lateness=None if run.lateness is None else run.lateness.total_seconds(),
             task_id=run.task_id,
+            trigger=run.trigger,
+            **_misfire_outcome(run),
         )
         for run in runs
     ]
@@ -787,6 +797,17 @@ def _misfire(
     run.slots = 1 + missed
     run.reason = f"misfire: coalesced {run.slots} slots"
     return nxt, []
+
+
+def _misfire_outcome(run: Run) -> dict[str, object]:
+    """Classify what ``_misfire`` (or ``_one_off_missed``) did with a claimed run, for metrics."""
+    if run.status == Run.Status.MISSED:
+        return {"misfire": "missed", "misfired_slots": run.slots + getattr(run, "missed_after", 0)}
+    if run.reason.startswith("misfire: coalesced"):
+        return {"misfire": "coalesced", "misfired_slots": run.slots}
+    if run.reason.startswith("misfire: caught up"):
+        return {"misfire": "caught_up", "misfired_slots": 1}
+    return {}
 
 
 def _one_off_missed(run: Run, task: PeriodicTask, now: datetime, default_grace: timedelta) -> bool:
@@ -1222,3 +1243,128 @@ def record_not_executed(task_id: str, status: str, reason: str, error: str = "",
             status=status, reason=reason, error=error[:_ERROR_LIMIT], finished_at=ClockTimestamp()
         )
     )
+
+
+# Prune ------------------------------------------------------------------------------------------
+
+#: The runs a prune plan deletes (parameters: final, cutoff, keep, names, slots, ids). A task's
+#: kept runs are its ``keep`` most recent finished runs: those at or after (slot, id) of the
+#: keep-th one; a task without such a row (fewer finished runs) keeps them all.
+_PRUNABLE = (
+    " FROM scheduling_run r"
+    " LEFT JOIN unnest(%(names)s::text[], %(slots)s::timestamptz[], %(ids)s::bigint[])"
+    " AS k(name, slot, id) ON k.name = r.periodic_task_name"
+    " WHERE r.status = ANY(%(final)s) AND COALESCE(r.finished_at, r.scheduled_for) < %(cutoff)s"
+    " AND (%(keep)s = 0 OR (r.scheduled_for, r.id) < (k.slot, k.id))"
+)
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """What a prune deletes: finished runs that finished before ``cutoff`` (aware, UTC), except
+    each task's ``keep_last`` most recent finished runs.
+
+    Runs are grouped into tasks by ``periodic_task_name`` (it survives deleting the task) and
+    ordered by (scheduled_for, id). ``kept_from`` holds, per task with more than ``keep_last``
+    finished runs, the (name, scheduled_for, id) of its ``keep_last``-th most recent one. Runs
+    finished after the plan was made are newer, so every task keeps at least ``keep_last``.
+    """
+
+    cutoff: datetime
+    keep_last: int
+    kept_from: list[tuple[str, datetime, int]]
+
+    def params(self) -> dict[str, object]:
+        return {
+            "final": [str(status) for status in Run.FINAL_STATUSES],
+            "cutoff": self.cutoff,
+            "keep": self.keep_last,
+            "names": [name for name, _, _ in self.kept_from],
+            "slots": [slot for _, slot, _ in self.kept_from],
+            "ids": [pk for _, _, pk in self.kept_from],
+        }
+
+
+def prune_plan(older_than: timedelta, keep_last: int = 0, using: str = "default") -> PrunePlan:
+    """Plan a prune of finished runs older than ``older_than`` before the database clock.
+
+    Age is counted from ``finished_at`` (``scheduled_for`` for a finished run without one). One
+    read of the finished runs, no lock. Raises ValueError for a negative ``keep_last``.
+    """
+    if keep_last < 0:
+        raise ValueError(f"keep_last must be 0 or more, not {keep_last}")
+    cutoff = database_now(using) - older_than
+    kept_from: list[tuple[str, datetime, int]] = []
+    if keep_last:
+        ranked = Run.objects.using(using).finished().annotate(
+            rank=Window(
+                RowNumber(),
+                partition_by=[F("periodic_task_name")],
+                order_by=[F("scheduled_for").desc(), F("pk").desc()],
+            )
+        )
+        kept_from = list(
+            ranked.filter(rank=keep_last).values_list("periodic_task_name", "scheduled_for", "pk")
+        )
+    return PrunePlan(cutoff, keep_last, kept_from)
+
+
+def prune_counts(plan: PrunePlan, using: str = "default") -> dict[str, int]:
+    """Return how many runs ``plan`` deletes now, per status (what a dry run reports)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT r.status, count(*){_PRUNABLE} GROUP BY r.status ORDER BY r.status",
+            plan.params(),
+        )
+        return dict(cursor.fetchall())
+
+
+def prune_batch(
+    plan: PrunePlan, after_id: int = 0, batch_size: int = 1000, using: str = "default"
+) -> tuple[dict[str, int], int | None]:
+    """Delete up to ``batch_size`` runs of ``plan`` with ids above ``after_id``, in id order.
+
+    One short transaction that locks only the rows it deletes (finished runs, which no claim
+    wants), skipping any row locked by someone else. Returns the deleted runs per status and the
+    highest deleted id (the next batch's ``after_id``), or None when nothing was left.
+    """
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM scheduling_run WHERE id IN (SELECT r.id{_PRUNABLE}"
+            " AND r.id > %(after)s ORDER BY r.id LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED)"
+            " RETURNING id, status",
+            {**plan.params(), "after": after_id, "limit": batch_size},
+        )
+        rows = cursor.fetchall()
+    counts: dict[str, int] = {}
+    for _, status in rows:
+        counts[status] = counts.get(status, 0) + 1
+    return counts, max((pk for pk, _ in rows), default=None)
+
+
+def prune(
+    plan: PrunePlan,
+    *,
+    batch_size: int = 1000,
+    progress: Callable[[int], None] | None = None,
+    using: str = "default",
+) -> dict[str, int]:
+    """Delete every run of ``plan`` in batches of ``batch_size`` (``prune_batch``); return counts.
+
+    ``progress(n)`` is called after each batch with the number of runs it deleted.
+    """
+    total: dict[str, int] = {}
+    after: int | None = 0
+    while after is not None:
+        counts, after = prune_batch(plan, after, batch_size, using)
+        for status, n in counts.items():
+            total[status] = total.get(status, 0) + n
+        if progress is not None and counts:
+            progress(sum(counts.values()))
+    if total:
+        logger.info(
+            "pruned %d finished runs older than %s (keeping %d per task): %s",
+            sum(total.values()), plan.cutoff.isoformat(), plan.keep_last, total,
+            extra={"action": "prune"},
+        )
+    return total

@@ -33,11 +33,12 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.utils.json import dumps
 
-from scheduling import ledger
+from scheduling import ledger, metrics
 from scheduling.conf import conf
 from scheduling.exceptions import PublishFailed, RunRejected
 from scheduling.messages import Message
 from scheduling.replicas import Heartbeat
+from scheduling.retention import BuiltinPrune
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class LedgerScheduler(DatabaseScheduler):
         self._failures = 0
         self._failing = ""
         self.heartbeat = Heartbeat(self.replica_id)
+        self._prune = BuiltinPrune()
+        if conf.metrics_port is not None:
+            metrics.serve(conf.metrics_port, conf.metrics_addr)
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
@@ -134,10 +138,13 @@ class LedgerScheduler(DatabaseScheduler):
             poll = ledger.poll()
         wait = poll.seconds_until_due()
         if wait is None or wait > 0:
+            if wait is None or wait > 0.25:
+                self._prune.step()  # one small batch when configured and due, outside any claim
             return min(self.max_interval, wait if wait is not None else self.max_interval)
         self._connected_producer()  # reach the broker before taking any lock
         batch = conf.batch_size
         with _stop_signals_deferred():
+            started = time.monotonic()
             dispatched = ledger.claim_and_dispatch(
                 self._publish,
                 replica_id=self.replica_id,
@@ -146,6 +153,7 @@ class LedgerScheduler(DatabaseScheduler):
                 pause_after_publish=conf.test_pause_after_publish,
             )
         self.heartbeat.claimed(len(dispatched))
+        metrics.observe_claim(dispatched, self.replica_id, time.monotonic() - started)
         # More may be due (a full batch) or planned already due (a catching-up interval): look
         # again at once. Runs locked by other replicas are theirs; come back after a short nap.
         return 0.0 if dispatched else min(self.max_interval, 0.05)

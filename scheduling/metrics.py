@@ -1,0 +1,139 @@
+"""Prometheus metrics of the replicas and of the worker guard (prometheus-client).
+
+Every metric is prefixed ``scheduling_``; labels are ``task`` (the periodic task's name, or
+``"*"`` with ``SCHEDULING_METRICS_TASK_LABELS = False``), ``replica`` (the beat replica's id) and,
+for the guard, ``worker`` (the Celery worker's node name):
+
+- ``scheduling_runs_dispatched_total{task, replica, trigger}``: runs this replica committed as
+  dispatched (``trigger``: schedule, manual or backfill);
+- ``scheduling_run_lateness_seconds{task, replica}``: histogram of dispatched_at - scheduled_for
+  of dispatched scheduled runs (manual and backfill runs are due when created or in the past);
+- ``scheduling_misfired_slots_total{task, replica, outcome}``: slots of runs claimed later than
+  their grace period: ``missed`` (recorded missed), ``coalesced`` (the slots a coalesced run
+  stands for), ``caught_up`` (dispatched late, one by one, under catch up);
+- ``scheduling_runs_skipped_total{task, replica}``: runs recorded skipped by the overlap policy;
+- ``scheduling_duplicates_suppressed_total{task, worker}``: duplicate deliveries the worker guard
+  dropped (``scheduling.guard``);
+- ``scheduling_claim_seconds{replica}``: histogram of the claim transaction's duration (lock,
+  publish, mark dispatched, plan the next, commit), empty claims included.
+
+A beat replica serves them over HTTP when ``SCHEDULING_METRICS_PORT`` is set (``serve``). With
+the environment variable ``PROMETHEUS_MULTIPROC_DIR`` set (prometheus-client's multiprocess
+mode), every process of a container writes its values into that folder and the replica's port
+serves them all, summed: the workers' pool processes included.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+
+from scheduling.conf import conf
+
+if TYPE_CHECKING:
+    from scheduling.ledger import Dispatched
+
+logger = logging.getLogger(__name__)
+
+#: Lateness buckets, seconds: on time is milliseconds; a misfire is past the grace (60 s).
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+RUNS_DISPATCHED = Counter(
+    "scheduling_runs_dispatched", "Runs this replica committed as dispatched.",
+    ["task", "replica", "trigger"],
+)
+LATENESS = Histogram(
+    "scheduling_run_lateness_seconds",
+    "dispatched_at - scheduled_for of the scheduled runs this replica dispatched, seconds.",
+    ["task", "replica"], buckets=LATENESS_BUCKETS,
+)
+MISFIRED_SLOTS = Counter(
+    "scheduling_misfired_slots",
+    "Slots of runs claimed later than their grace period, by what the misfire policy did.",
+    ["task", "replica", "outcome"],
+)
+RUNS_SKIPPED = Counter(
+    "scheduling_runs_skipped", "Runs recorded skipped by the overlap policy.", ["task", "replica"]
+)
+DUPLICATES_SUPPRESSED = Counter(
+    "scheduling_duplicates_suppressed",
+    "Duplicate deliveries of a run dropped by the worker guard without running the body.",
+    ["task", "worker"],
+)
+CLAIM_SECONDS = Histogram(
+    "scheduling_claim_seconds", "Duration of one claim transaction, seconds.", ["replica"],
+    buckets=CLAIM_BUCKETS,
+)
+
+
+def _task(name: str) -> str:
+    return name if conf.metrics_task_labels else "*"
+
+
+def observe_claim(dispatched: Iterable[Dispatched], replica: str, seconds: float) -> None:
+    """Count what one claim transaction committed (``ledger.claim_and_dispatch``'s result).
+
+    ``seconds`` is the transaction's duration (wall clock, monotonic).
+    """
+    try:
+        _observe_claim(dispatched, replica, seconds)
+    except Exception:  # noqa: BLE001 - metrics must never stop a replica
+        logger.exception("cannot record metrics", extra={"action": "metrics_failed"})
+
+
+def _observe_claim(dispatched: Iterable[Dispatched], replica: str, seconds: float) -> None:
+    from scheduling.models import Run
+
+    CLAIM_SECONDS.labels(replica).observe(seconds)
+    for item in dispatched:
+        task = _task(item.periodic_task_name)
+        if item.status == Run.Status.DISPATCHED:
+            RUNS_DISPATCHED.labels(task, replica, item.trigger).inc()
+            if item.trigger == Run.Trigger.SCHEDULE and item.lateness is not None:
+                LATENESS.labels(task, replica).observe(item.lateness)
+        elif item.status == Run.Status.SKIPPED:
+            RUNS_SKIPPED.labels(task, replica).inc()
+        if item.misfire:
+            MISFIRED_SLOTS.labels(task, replica, item.misfire).inc(item.misfired_slots)
+
+
+def observe_suppressed(periodic_task_name: str, worker: str) -> None:
+    """Count one duplicate delivery the worker guard dropped."""
+    try:
+        DUPLICATES_SUPPRESSED.labels(_task(periodic_task_name), worker).inc()
+    except Exception:  # noqa: BLE001 - metrics must never change what the guard decided
+        logger.exception("cannot record metrics", extra={"action": "metrics_failed"})
+
+
+def serve(port: int, addr: str = "") -> None:
+    """Serve the metrics over HTTP on ``addr:port`` (path ``/metrics``) from a daemon thread.
+
+    Under prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the values
+    every process of the host wrote into that folder are served, summed per label set; otherwise
+    this process's own. A port that cannot be bound is logged as an error; the replica runs on
+    without metrics (they are never needed for correctness).
+    """
+    registry: CollectorRegistry = REGISTRY
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    try:
+        start_http_server(port, addr=addr or "0.0.0.0", registry=registry)
+    except OSError as exc:
+        logger.error(
+            "cannot serve metrics on %s:%d: %s", addr or "0.0.0.0", port, exc,
+            extra={"action": "metrics_failed"},
+        )
+        return
+    logger.info(
+        "metrics on http://%s:%d/metrics%s", addr or "0.0.0.0", port,
+        " (multiprocess mode)" if registry is not REGISTRY else "",
+        extra={"action": "metrics"},
+    )
