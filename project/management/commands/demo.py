@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -49,6 +50,7 @@ from django_celery_beat.models import (
 from project import embedded
 from scheduling import ledger
 from scheduling.conf import conf
+from scheduling.console import progress
 from scheduling.models import Run
 
 PREFIX = "demo: "
@@ -59,6 +61,9 @@ KILL_RETRY = 1.0
 #: ``claimed_by`` of a run a worker adopted (its replica's claim rolled back after publishing).
 ADOPTED = "adopted"
 STOP_TIMEOUT = 10.0
+#: What each kind of child logs once it is ready, and how long the start-up waits for it.
+READY = {"replica": "beat: Starting...", "worker": "ready.", "admin": "Quit the server with"}
+READY_TIMEOUT = 60.0
 #: A task execution as Celery's worker logs it (success or failure; not retries or receipts).
 EXECUTED = re.compile(r"Task [\w.]+\[([0-9a-f-]{36})\] (?:succeeded in|raised (?:un)?expected)")
 
@@ -134,17 +139,28 @@ class Command(BaseCommand):
         self.logs = embedded.data_dir() / "demo-logs"
         self.logs.mkdir(parents=True, exist_ok=True)
 
-        self.say("migrating the database")
-        call_command("migrate", interactive=False, verbosity=0)
-        password = _admin_login()
-        self._prepare_broker()
-        names = _example_tasks()
-        self.say("periodic tasks: " + "; ".join(names))
-
-        since = ledger.database_now()
-        previous = [signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)]
+        # Progress on a terminal: 4 set-up steps, then each child until it is ready.
+        with progress("starting the demo", total=4 + replicas + 2) as advance:
+            call_command("migrate", interactive=False, verbosity=0)
+            advance(note="migrated")
+            password = _admin_login()
+            advance(note="admin login")
+            self._prepare_broker()
+            advance(note="broker")
+            names = _example_tasks()
+            advance(note="periodic tasks")
+            since = ledger.database_now()
+            previous = [signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)]
+            try:
+                self._start_children(replicas, port, advance)
+            except (KeyboardInterrupt, _Stop) as exc:
+                self._stop_children()
+                signal.signal(signal.SIGTERM, previous[0])
+                signal.signal(signal.SIGHUP, previous[1])
+                raise CommandError("interrupted during start-up") from exc
+        self.say("migrated the database; periodic tasks: " + "; ".join(names))
+        self.say("started " + ", ".join(f"{c.name} (pid {c.pid})" for c in self.children))
         try:
-            self._start_children(replicas, port)
             self.say(f"admin: http://127.0.0.1:{port}/admin/  login: admin / {password}")
             self.say(f"logs:  {self.logs}/")
             self._watch(since, options["duration"], options["kill_replica"])
@@ -186,8 +202,13 @@ class Command(BaseCommand):
             connection.ensure_connection(max_retries=3)
             connection.default_channel.queue_declare(queue=queue, durable=True, auto_delete=False)
 
-    def _start_children(self, replicas: int, port: int) -> None:
-        """Start the beat replicas, the worker and the admin, each in its own session."""
+    def _start_children(self, replicas: int, port: int, ready: Callable[..., None]) -> None:
+        """Start the beat replicas, the worker and the admin, each in its own session.
+
+        Waits (up to READY_TIMEOUT seconds each) until each child logs that it is ready, calling
+        ``ready(note=...)`` for each; a child that exits or stays silent is reported and the demo
+        goes on (the watch loop reports exits).
+        """
         env = {
             **os.environ,
             "DATABASE_URL": settings.DATABASE_URL,
@@ -210,7 +231,21 @@ class Command(BaseCommand):
             sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--insecure",
         ]
         self._spawn("admin", admin, env)
-        self.say("started " + ", ".join(f"{c.name} (pid {c.pid})" for c in self.children))
+        for child in self.children:
+            ready(note=f"{child.name} {self._wait_ready(child)}")
+
+    def _wait_ready(self, child: Child) -> str:
+        """Wait until ``child`` logs its ready line; return "ready", "exited" or "not ready"."""
+        marker = READY[child.name.split("-")[0]]
+        path = self.logs / f"{child.name}.log"
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if marker in path.read_text(errors="replace"):
+                return "ready"
+            if child.process.poll() is not None:
+                return "exited"
+            time.sleep(0.1)
+        return "not ready"
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed in _stop_children

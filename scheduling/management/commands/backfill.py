@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scheduling import ledger
+from scheduling.console import progress
 from scheduling.exceptions import SchedulingError
 from scheduling.management.commands._tasks import periodic_task
 
@@ -35,7 +36,7 @@ class Command(BaseCommand):
         parser.add_argument("--until", required=True, help="end (excluded), ISO 8601, not future")
         parser.add_argument("--requested-by", default=None, help="default: command:<OS user>")
         parser.add_argument(
-            "--chunk", type=int, default=1000, help="slots per insert and progress line"
+            "--chunk", type=int, default=1000, help="slots per insert and progress step"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -43,17 +44,19 @@ class Command(BaseCommand):
         since, until = _instant(options["since"]), _instant(options["until"])
         who = options["requested_by"] or f"command:{getpass.getuser()}"
 
-        def show(progress: ledger.BackfillProgress) -> None:
-            if options["verbosity"] >= 1:
-                self.stdout.write(
-                    f"  {progress.fraction:6.1%}  {progress.slots} slots, "
-                    f"{progress.created} new runs, up to {progress.last_slot}"
-                )
-
         try:
-            total = ledger.backfill(
-                task, since, until, requested_by=who, chunk_size=options["chunk"], progress=show
-            )
+            with progress(f"backfill {task.name}", total=100) as advance:
+                done = 0.0
+
+                def show(step: ledger.BackfillProgress) -> None:
+                    nonlocal done
+                    advance(100 * step.fraction - done, f"{step.slots} slots, {step.created} new")
+                    done = 100 * step.fraction
+
+                total = ledger.backfill(
+                    task, since, until, requested_by=who, chunk_size=options["chunk"],
+                    progress=show,
+                )
         except SchedulingError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(

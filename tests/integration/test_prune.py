@@ -1,0 +1,169 @@
+"""Issue 7, acceptance 4: prune removes exactly what it says on a seeded ledger; a dry run nothing.
+
+The expected survivors are computed here from the seeded rows (plain Python over the rule:
+finished, finished before the cut-off, not among the task's last N finished runs), not through
+the code under test.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections import Counter
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from scheduling import ledger
+from scheduling.models import Run
+from scheduling.retention import BuiltinPrune
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DAY = timedelta(days=1)
+STATUSES = list(Run.Status)
+
+
+def _seed(make_task) -> list[Run]:
+    """300 runs of three tasks and one deleted task: every status, ages 0-60 days."""
+    rng = random.Random(7)
+    now = ledger.database_now()
+    tasks = [make_task(every=60, name=f"prune-{i}") for i in range(3)]
+    runs = []
+    for i in range(300):
+        task = tasks[i % 4] if i % 4 < 3 else None
+        status = STATUSES[rng.randrange(len(STATUSES))]
+        # Whole days and a half, far from the 30-day cut-off, so the clock's progress is moot.
+        # "prune-2" ran only 31-60 days ago: --keep-last decides what it keeps.
+        oldest = 31 if i % 4 == 2 else 0
+        slot = now - DAY * rng.randrange(oldest, 60) - DAY / 2 - timedelta(microseconds=i)
+        finished = status in Run.FINAL_STATUSES
+        runs.append(Run(
+            periodic_task=task,
+            periodic_task_name=task.name if task else "deleted-task",
+            task="project.tasks.record",
+            scheduled_for=slot,
+            trigger=Run.Trigger.MANUAL if status == Run.Status.PENDING else Run.Trigger.SCHEDULE,
+            status=status,
+            task_id=str(uuid.uuid4()),
+            # Most finish soon after their slot; some 40 days later; a few have no finished_at.
+            finished_at=(None if not finished or i % 17 == 0
+                         else slot + (DAY * 40 if i % 5 == 0 else timedelta(seconds=3))),
+        ))
+    return Run.objects.bulk_create(runs)
+
+
+def _expected_deleted(runs: list[Run], older_than: timedelta, keep_last: int) -> set[int]:
+    cutoff = ledger.database_now() - older_than
+    finished = [r for r in runs if r.status in Run.FINAL_STATUSES]
+    kept: set[int] = set()
+    for name in {r.periodic_task_name for r in finished}:
+        mine = sorted((r for r in finished if r.periodic_task_name == name),
+                      key=lambda r: (r.scheduled_for, r.pk), reverse=True)
+        kept |= {r.pk for r in mine[:keep_last]}
+    return {
+        r.pk for r in finished
+        if (r.finished_at or r.scheduled_for) < cutoff and r.pk not in kept
+    }
+
+
+def _prune(*args: str) -> tuple[dict[str, int], str]:
+    out = StringIO()
+    call_command("scheduling_prune", *args, stdout=out)
+    lines = out.getvalue().splitlines()
+    counts = {}
+    for line in lines[1:-1]:
+        status, n = line.split()
+        counts[status] = int(n)
+    return counts, lines[-1]
+
+
+def _ids() -> set[int]:
+    return set(Run.objects.values_list("pk", flat=True))
+
+
+def test_prune_deletes_exactly_the_old_finished_runs_beyond_the_last_n_and_dry_run_nothing(
+    make_task
+):
+    runs = _seed(make_task)
+    deleted = _expected_deleted(runs, timedelta(days=30), keep_last=3)
+    by_status = Counter(r.status for r in runs if r.pk in deleted)
+    # A real test: every final status goes, and --keep-last keeps some old runs.
+    assert len(deleted) > 50 and len(by_status) == len(Run.FINAL_STATUSES)
+    assert len(_expected_deleted(runs, timedelta(days=30), keep_last=0) - deleted) == 3
+    before = _ids()
+
+    dry, dry_total = _prune("--older-than", "30d", "--keep-last", "3", "--dry-run")
+    assert _ids() == before
+    assert dry == dict(by_status)
+    assert dry_total == f"would delete {len(deleted)} runs"
+
+    done, total = _prune("--older-than", "30d", "--keep-last", "3", "--batch-size", "7")
+    assert _ids() == before - deleted
+    assert done == dry
+    assert total == f"deleted {len(deleted)} runs"
+    unfinished = {r.pk for r in runs if r.status not in Run.FINAL_STATUSES}
+    assert unfinished <= _ids()
+
+    assert _prune("--older-than", "30d", "--keep-last", "3") == ({}, "deleted 0 runs")
+
+
+def test_prune_without_keep_last_and_in_hours(make_task):
+    runs = _seed(make_task)
+    deleted = _expected_deleted(runs, timedelta(hours=240), keep_last=0)
+    before = _ids()
+    counts, total = _prune("--older-than", "240h")
+    assert _ids() == before - deleted
+    assert sum(counts.values()) == len(deleted) and total == f"deleted {len(deleted)} runs"
+
+
+def test_builtin_prune_deletes_the_same_in_small_batches_per_step(make_task):
+    runs = _seed(make_task)
+    deleted = _expected_deleted(runs, timedelta(days=30), keep_last=2)
+    before = _ids()
+    pruner = BuiltinPrune()
+    with override_settings(SCHEDULING_PRUNE_OLDER_THAN="30d", SCHEDULING_PRUNE_KEEP_LAST=2,
+                           SCHEDULING_PRUNE_BATCH_SIZE=10):
+        sizes = []
+        for _ in range(len(deleted) // 10 + 1):
+            left = len(_ids())
+            pruner.step()
+            sizes.append(left - len(_ids()))
+        assert _ids() == before - deleted
+        assert sizes == [10] * (len(deleted) // 10) + [len(deleted) % 10]
+        pruner.step()  # the pass is over; the next one waits for SCHEDULING_PRUNE_INTERVAL
+        assert _ids() == before - deleted
+
+
+def test_builtin_prune_is_off_by_default(make_task):
+    _seed(make_task)
+    before = _ids()
+    BuiltinPrune().step()
+    assert _ids() == before
+
+
+def test_prune_waits_for_no_claim_and_skips_a_locked_row(make_task, raw_connection):
+    """A claim holds its pending runs and task rows; a guard holds a finished run: prune goes on."""
+    runs = _seed(make_task)
+    deleted = _expected_deleted(runs, timedelta(days=30), keep_last=0)
+    locked = min(deleted)
+    with raw_connection.transaction():
+        raw_connection.execute(
+            "SELECT id FROM scheduling_run WHERE status = 'pending' OR id = %s FOR UPDATE",
+            [locked],
+        )
+        raw_connection.execute("SELECT id FROM django_celery_beat_periodictask FOR UPDATE")
+        started = time.monotonic()
+        counts, _ = _prune("--older-than", "30d")
+        assert time.monotonic() - started < 5
+    assert _ids() == {r.pk for r in runs} - deleted | {locked}
+    assert sum(counts.values()) == len(deleted) - 1
+
+
+def test_prune_command_rejects_a_bad_duration():
+    with pytest.raises(CommandError, match="not a duration"):
+        call_command("scheduling_prune", "--older-than", "30 days")
