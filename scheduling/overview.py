@@ -1,0 +1,133 @@
+"""Read-only views of the ledger for people: one row per periodic task, its schedule in words.
+
+No transactions or locks here (``ledger`` owns those): plain reads, one query for all tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Subquery
+from cron_descriptor import (
+    ExpressionDescriptor,
+    FormatException,
+    MissingFieldException,
+    Options,
+    WrongArgumentException,
+)
+from django_celery_beat.models import CrontabSchedule, PeriodicTask
+
+from scheduling.models import Run
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """One periodic task as ``scheduling_status`` shows it.
+
+    ``next_run``: the earliest pending run's slot; ``last_status`` and ``last_run``: the newest
+    run by slot that is neither pending nor cancelled (its status and slot); ``lateness``:
+    dispatched_at - scheduled_for of the newest dispatched scheduled run, seconds. Datetimes are
+    aware, UTC; each is None when there is no such run.
+    """
+
+    name: str
+    schedule: str
+    enabled: bool
+    next_run: datetime | None
+    last_status: str | None
+    last_run: datetime | None
+    lateness: float | None
+
+
+def task_statuses() -> list[TaskStatus]:
+    """Return every periodic task's status, by name."""
+    runs = Run.objects.filter(periodic_task=OuterRef("pk"))
+    pending = runs.pending().order_by("scheduled_for", "pk")
+    last = runs.exclude(status__in=(Run.Status.PENDING, Run.Status.CANCELLED)).order_by(
+        "-scheduled_for", "-pk"
+    )
+    dispatched = (
+        runs.scheduled()
+        .filter(dispatched_at__isnull=False)
+        .order_by("-scheduled_for", "-pk")
+        .annotate(
+            late=ExpressionWrapper(
+                F("dispatched_at") - F("scheduled_for"), output_field=DurationField()
+            )
+        )
+    )
+    tasks = (
+        PeriodicTask.objects.select_related("interval", "crontab", "clocked", "solar")
+        .annotate(
+            next_run=Subquery(pending.values("scheduled_for")[:1]),
+            last_status=Subquery(last.values("status")[:1]),
+            last_run=Subquery(last.values("scheduled_for")[:1]),
+            lateness=Subquery(dispatched.values("late")[:1]),
+        )
+        .order_by("name")
+    )
+    return [
+        TaskStatus(
+            name=task.name,
+            schedule=describe_schedule(task),
+            enabled=task.enabled,
+            next_run=task.next_run,
+            last_status=task.last_status,
+            last_run=task.last_run,
+            lateness=_seconds(task.lateness),
+        )
+        for task in tasks
+    ]
+
+
+def describe_schedule(task: PeriodicTask) -> str:
+    """Return the task's schedule in words: "every 5 seconds", "At 09:00 (Europe/Berlin)".
+
+    Crontabs are described by cron-descriptor with their time zone (``describe_crontab``); a
+    clocked schedule is "once at <UTC time>"; a solar one "<event> at <latitude>, <longitude>".
+    A one-off interval or crontab task gets ", once".
+    """
+    if task.interval is not None:
+        words = str(task.interval)
+    elif task.crontab is not None:
+        words = describe_crontab(task.crontab)
+    elif task.clocked is not None:
+        return f"once at {format_time(task.clocked.clocked_time)}"
+    elif task.solar is not None:
+        solar = task.solar
+        return (
+            f"{solar.get_event_display()} at {float(solar.latitude):g}, "
+            f"{float(solar.longitude):g}"
+        )
+    else:
+        return "no schedule"
+    return f"{words}, once" if task.one_off else words
+
+
+def describe_crontab(crontab: CrontabSchedule) -> str:
+    """Return "At 09:00, only on Monday (Europe/Berlin)": cron-descriptor, 24-hour clock.
+
+    An expression cron-descriptor cannot read is shown as it is, with its time zone.
+    """
+    fields = (
+        crontab.minute, crontab.hour, crontab.day_of_month, crontab.month_of_year,
+        crontab.day_of_week,
+    )
+    expression = " ".join(str(field) for field in fields)
+    options = Options()
+    options.use_24hour_time_format = True
+    try:
+        words = ExpressionDescriptor(expression, options).get_description()
+    except (FormatException, MissingFieldException, WrongArgumentException):
+        words = expression
+    return f"{words} ({crontab.timezone})"
+
+
+def format_time(value: datetime | None) -> str:
+    """``2026-01-05 10:00:00 UTC``, or "-" for None."""
+    return "-" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _seconds(value: timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds()

@@ -1,0 +1,103 @@
+"""``manage.py scheduling_status`` on a seeded ledger: exact cells in every format."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django_celery_beat.models import SolarSchedule
+
+from scheduling.models import Run
+from tests.conftest import utc
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SLOT = utc(2026, 1, 5, 10, 0)
+
+
+def _run(task, status: str, slot, *, late: float | None = None, **fields) -> Run:
+    return Run.objects.create(
+        periodic_task=task, periodic_task_name=task.name, task=task.task, scheduled_for=slot,
+        status=status, task_id=str(uuid.uuid4()),
+        dispatched_at=None if late is None else slot + timedelta(seconds=late), **fields,
+    )
+
+
+@pytest.fixture
+def seeded(make_task):
+    every = make_task(every=5, name="a: every 5 s")
+    _run(every, Run.Status.SUCCEEDED, SLOT, late=0.25)
+    _run(every, Run.Status.SUCCEEDED, SLOT + timedelta(seconds=5), late=0.0125)
+    _run(every, Run.Status.CANCELLED, SLOT + timedelta(seconds=10))
+    _run(every, Run.Status.PENDING, SLOT + timedelta(seconds=10))
+    _run(every, Run.Status.PENDING, SLOT + timedelta(hours=1), trigger=Run.Trigger.MANUAL)
+
+    weekly = make_task(cron="0 9 * * 1", timezone="Europe/Berlin", name="b: weekly")
+    _run(weekly, Run.Status.DISPATCHED, SLOT - timedelta(days=7), late=1.5)
+    _run(weekly, Run.Status.FAILED, SLOT, error="boom")  # rejected: never dispatched
+    # A backfill run dispatched later does not count for lateness; its slot is older.
+    _run(weekly, Run.Status.SUCCEEDED, SLOT - timedelta(days=14), late=86400 * 20,
+         trigger=Run.Trigger.BACKFILL)
+
+    clocked = make_task(clocked=SLOT, name="c: one-off", enabled=False)
+    _run(clocked, Run.Status.MISSED, SLOT)
+
+    make_task(every=1, period="minutes", name="d: never ran", one_off=True)
+    solar = SolarSchedule.objects.create(event="sunrise", latitude=51.5, longitude=-0.12)
+    make_task(name="e: solar", solar=solar)
+
+
+EXPECTED = [
+    ("a: every 5 s", "every 5 seconds", "yes", "2026-01-05 10:00:10 UTC",
+     "2026-01-05 10:00:05 UTC", "succeeded", "0.013 s"),
+    ("b: weekly", "At 09:00, only on Monday (Europe/Berlin)", "yes", "-",
+     "2026-01-05 10:00:00 UTC", "failed", "1.500 s"),
+    ("c: one-off", "once at 2026-01-05 10:00:00 UTC", "no", "-", "2026-01-05 10:00:00 UTC",
+     "missed", "-"),
+    ("d: never ran", "every minute, once", "yes", "-", "-", "-", "-"),
+    ("e: solar", "Sunrise at 51.5, -0.12", "yes", "-", "-", "-", "-"),
+]
+HEADER = ("Task", "Schedule", "Enabled", "Next run", "Last run", "Outcome", "Lateness")
+
+
+def _status(*args: str) -> str:
+    out = StringIO()
+    call_command("scheduling_status", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_status_plain_has_exact_cells(seeded):
+    lines = _status("--format", "plain").splitlines()
+    assert [tuple(line.split("\t")) for line in lines] == [HEADER, *EXPECTED]
+
+
+def test_status_json(seeded):
+    rows = json.loads(_status("--format", "json"))
+    assert rows[0] == {
+        "name": "a: every 5 s",
+        "schedule": "every 5 seconds",
+        "enabled": True,
+        "next_run": "2026-01-05T10:00:10+00:00",
+        "last_run": "2026-01-05T10:00:05+00:00",
+        "last_status": "succeeded",
+        "lateness_seconds": 0.0125,
+    }
+    assert [(r["name"], r["last_status"], r["lateness_seconds"]) for r in rows[1:]] == [
+        ("b: weekly", "failed", 1.5),
+        ("c: one-off", "missed", None),
+        ("d: never ran", None, None),
+        ("e: solar", None, None),
+    ]
+
+
+def test_status_table_shows_every_cell(seeded):
+    text = _status()
+    assert text.splitlines()[0].rstrip() == "5 periodic tasks"
+    for row in [HEADER, *EXPECTED]:
+        line = next(line for line in text.splitlines() if row[0] in line)
+        cells = [cell.strip() for cell in line.strip("│┃ ").split("│" if "│" in line else "┃")]
+        assert tuple(cells) == row
