@@ -1,0 +1,122 @@
+"""Issue 7, acceptance 5: the wheel of ``scheduling`` works in someone else's Django project.
+
+Build the wheel from a copy of the source tree (so the checkout gets no build/ or egg-info),
+check it holds the app only (with its migrations and templates), install it with its
+dependencies into a fresh virtualenv, generate a minimal project there with ``django-admin
+startproject`` plus the README's settings, point it at a database of its own created on this
+test's PostgreSQL server, then ``migrate`` and ``check`` must exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import connection
+from psycopg import sql
+
+from tests.acceptance.deployment import ROOT
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.once]
+
+SETTINGS = """
+INSTALLED_APPS += ["django_celery_beat", "scheduling"]
+USE_TZ = True
+DATABASES = {{"default": {database!r}}}
+CELERY_BEAT_SCHEDULER = "scheduling.schedulers:LedgerScheduler"
+CELERY_TASK_ANNOTATIONS = ["scheduling.guard:GuardAnnotation"]
+"""
+
+
+#: Environment variables of this test run that must not reach the fresh project (its settings
+#: module, our database and broker, this virtualenv).
+_NOT_PASSED = ("DJANGO_", "DATABASE_URL", "CELERY_", "SCHEDULING_", "VIRTUAL_ENV", "PYTHONPATH")
+
+
+def _run(*args: str | Path, cwd: Path, timeout: float = 300) -> str:
+    """Run a command; return its output, or fail the test with it on a non-zero exit."""
+    done = subprocess.run(
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env={k: v for k, v in os.environ.items() if not k.startswith(_NOT_PASSED)},
+    )
+    assert done.returncode == 0, f"{args} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture
+def database() -> Iterator[dict[str, object]]:
+    """A database of its own on the test's server; Django's DATABASES entry for it. Dropped after."""
+    params = connection.get_connection_params()
+    params = {k: v for k, v in params.items() if k not in ("cursor_factory", "context")}
+    name = f"wheel_{uuid.uuid4().hex[:10]}"
+    admin = psycopg.connect(**{**params, "dbname": "postgres"}, autocommit=True)
+    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": params.get("user") or "",
+            "PASSWORD": params.get("password") or "",
+            "HOST": params.get("host") or "",
+            "PORT": str(params.get("port") or ""),
+        }
+    finally:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)
+        ))
+        admin.close()
+
+
+def test_wheel_installs_into_a_fresh_project_migrates_and_checks(tmp_path, database):
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".data", "build", "*.egg-info", "__pycache__", "*.whl",
+    ))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    _run(*pip, "wheel", "--no-deps", "--quiet", "--wheel-dir", tmp_path / "dist", "./source",
+         cwd=tmp_path)
+    [wheel] = (tmp_path / "dist").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {name.split("/")[0] for name in names} == {
+        "scheduling", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"
+    }
+    assert "scheduling/migrations/0001_initial.py" in names
+    assert "scheduling/templates/admin/scheduling/backfill.html" in names
+    assert "scheduling/management/commands/scheduling_status.py" in names
+
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
+    python = venv / "bin" / "python"
+    _run(*pip, "--python", python, "install", "--quiet", wheel, cwd=tmp_path)
+
+    site = tmp_path / "site"
+    site.mkdir()
+    _run(venv / "bin" / "django-admin", "startproject", "mysite", site, cwd=tmp_path)
+    settings = site / "mysite" / "settings.py"
+    settings.write_text(settings.read_text() + SETTINGS.format(database=database))
+
+    migrated = _run(python, "manage.py", "migrate", "--no-input", cwd=site)
+    assert "Applying scheduling.0001_initial... OK" in migrated
+    assert "Applying django_celery_beat.0001_initial... OK" in migrated
+    assert _run(python, "manage.py", "check", cwd=site).strip() == (
+        "System check identified no issues (0 silenced)."
+    )
+    assert _run(python, "manage.py", "scheduling_status", "--format", "json", cwd=site).strip() \
+        == "[]"
+    template = "admin/scheduling/backfill.html"
+    found = _run(
+        python, "manage.py", "shell", "-c",
+        f"from django.template import loader; print(loader.get_template({template!r}).origin)",
+        cwd=site,
+    )
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    installed = venv / "lib" / version / "site-packages" / "scheduling"
+    assert found.splitlines()[-1] == str(installed / "templates" / template)
