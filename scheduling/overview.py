@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Subquery
 from cron_descriptor import (
     ExpressionDescriptor,
     FormatException,
@@ -16,6 +15,7 @@ from cron_descriptor import (
     Options,
     WrongArgumentException,
 )
+from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Subquery
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from scheduling.models import Run
