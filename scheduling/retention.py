@@ -67,8 +67,9 @@ class BuiltinPrune:
             return
         try:
             if self._plan is None:
+                self._next_pass = now + conf.prune_interval  # a failing pass waits its turn too
                 self._plan = ledger.prune_plan(older_than, conf.prune_keep_last)
-                self._after, self._next_pass = 0, now + conf.prune_interval
+                self._after = 0
             counts, after = ledger.prune_batch(self._plan, self._after, conf.prune_batch_size)
         except Exception:  # noqa: BLE001 - pruning must never stop a replica
             logger.exception("built-in prune failed", extra={"action": "prune_failed"})

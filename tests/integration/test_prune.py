@@ -167,3 +167,41 @@ def test_prune_waits_for_no_claim_and_skips_a_locked_row(make_task, raw_connecti
 def test_prune_command_rejects_a_bad_duration():
     with pytest.raises(CommandError, match="not a duration"):
         call_command("scheduling_prune", "--older-than", "30 days")
+
+
+def test_builtin_prune_that_fails_waits_for_the_next_pass(make_task, settings, caplog):
+    """A failing pass (here an invalid keep-last) is logged once, not retried every tick."""
+    runs = _seed(make_task)
+    settings.SCHEDULING_PRUNE_OLDER_THAN = "30d"
+    settings.SCHEDULING_PRUNE_KEEP_LAST = -1
+    pruner = BuiltinPrune()
+    pruner.step()
+    pruner.step()
+    assert [r.message for r in caplog.records if r.name == "scheduling.retention"] == [
+        "built-in prune failed"
+    ]
+    assert _ids() == {r.pk for r in runs}
+
+
+def test_a_replica_prunes_in_batches_on_idle_ticks(make_task, settings):
+    from project.celery import app
+    from scheduling.schedulers import LedgerScheduler
+
+    settings.SCHEDULING_PRUNE_OLDER_THAN = "30d"
+    settings.SCHEDULING_PRUNE_BATCH_SIZE = 2
+    task = make_task(every=3600, name="hourly")
+    now = ledger.database_now()
+    old = [
+        Run.objects.create(
+            periodic_task=task, periodic_task_name=task.name, task=task.task,
+            scheduled_for=now - DAY * (40 + i), status=Run.Status.SUCCEEDED,
+            task_id=str(uuid.uuid4()), finished_at=now - DAY * (40 + i),
+        ).pk
+        for i in range(3)
+    ]
+    scheduler = LedgerScheduler(app=app)
+    scheduler.tick()  # plans the next slot, an hour ahead; deletes the first batch
+    assert len(set(old) & _ids()) == 1
+    scheduler.tick()
+    assert set(old) & _ids() == set()
+    assert Run.objects.pending().filter(periodic_task=task).count() == 1
