@@ -78,7 +78,7 @@ def _task(name: str) -> str:
 def observe_claim(dispatched: Iterable[Dispatched], replica: str, seconds: float) -> None:
     """Count what one claim transaction committed (``ledger.claim_and_dispatch``'s result).
 
-    ``seconds`` is the transaction's duration (wall clock, monotonic).
+    ``seconds`` is the transaction's duration, measured with ``time.monotonic()``.
     """
     try:
         _observe_claim(dispatched, replica, seconds)
@@ -114,10 +114,11 @@ def serve(port: int, addr: str = "") -> None:
     """Serve the metrics over HTTP on ``addr:port`` (path ``/metrics``) from a daemon thread.
 
     Under prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the values
-    every process of the host wrote into that folder are served, summed per label set; otherwise
+    every process sharing that folder wrote are served, summed per label set; otherwise
     this process's own. A port that cannot be bound is logged as an error; the replica runs on
     without metrics (they are never needed for correctness).
     """
+    addr = addr or "0.0.0.0"
     registry: CollectorRegistry = REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
@@ -125,15 +126,14 @@ def serve(port: int, addr: str = "") -> None:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
     try:
-        start_http_server(port, addr=addr or "0.0.0.0", registry=registry)
+        start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:
         logger.error(
-            "cannot serve metrics on %s:%d: %s", addr or "0.0.0.0", port, exc,
-            extra={"action": "metrics_failed"},
+            "cannot serve metrics on %s:%d: %s", addr, port, exc, extra={"action": "metrics_failed"}
         )
         return
     logger.info(
-        "metrics on http://%s:%d/metrics%s", addr or "0.0.0.0", port,
+        "metrics on http://%s:%d/metrics%s", addr, port,
         " (multiprocess mode)" if registry is not REGISTRY else "",
         extra={"action": "metrics"},
     )
