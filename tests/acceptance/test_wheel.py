@@ -89,9 +89,15 @@ def test_wheel_installs_into_a_fresh_project_migrates_and_checks(tmp_path, datab
     assert {name.split("/")[0] for name in names} == {
         "scheduling", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"
     }
-    assert "scheduling/migrations/0001_initial.py" in names
-    assert "scheduling/templates/admin/scheduling/backfill.html" in names
-    assert "scheduling/management/commands/scheduling_status.py" in names
+    shipped = {  # every migration, template and static file of the source tree
+        path.relative_to(ROOT).as_posix()
+        for folder in ("migrations", "templates", "static", "management")
+        for path in (ROOT / "scheduling" / folder).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    assert "scheduling/migrations/0001_initial.py" in shipped
+    assert "scheduling/templates/admin/scheduling/backfill.html" in shipped
+    assert shipped - set(names) == set()
 
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
