@@ -111,6 +111,9 @@ class Heartbeat:
                 cursor.execute(_STOP, [self._unwritten, self.replica_id, self.pid])
         except Exception as exc:  # noqa: BLE001 - shutting down: log and go
             self._log_failure(exc)
+            return
+        # Celery's SIGTERM handler closes the scheduler and beat's own exit closes it again.
+        self._unwritten = 0
 
     def _log_failure(self, exc: Exception) -> None:
         log = logger.debug if self._failing else logger.warning

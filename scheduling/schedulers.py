@@ -65,8 +65,6 @@ class LedgerScheduler(DatabaseScheduler):
         self._failing = ""
         self.heartbeat = Heartbeat(self.replica_id)
         self._prune = BuiltinPrune()
-        if conf.metrics_port is not None:
-            metrics.serve(conf.metrics_port, conf.metrics_addr)
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
@@ -78,7 +76,13 @@ class LedgerScheduler(DatabaseScheduler):
         return {}
 
     def setup_schedule(self) -> None:
-        """Sync ``CELERY_BEAT_SCHEDULE`` into periodic tasks; an unchanged entry writes nothing."""
+        """Sync ``CELERY_BEAT_SCHEDULE`` into periodic tasks; an unchanged entry writes nothing.
+
+        Also opens the metrics port when configured: here, not in ``__init__``, because beat's
+        start-up banner builds a second, lazy scheduler that never sets up its schedule.
+        """
+        if conf.metrics_port is not None:
+            metrics.serve(conf.metrics_port, conf.metrics_addr)
         if self.app.conf.beat_schedule:
             sync_beat_schedule(self.app.conf.beat_schedule)
 

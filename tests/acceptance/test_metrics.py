@@ -73,6 +73,9 @@ def test_metrics_endpoint_matches_the_ledger(deployment: Deployment, tmp_path, m
     wait_until(lambda: Run.objects.get(pk=duplicate.pk).suppressed == 1, 30)
     time.sleep(1.5)  # past the replica's last tick and metrics update
     samples = _scrape(port)
+    # one server per replica process (beat's banner builds a second, lazy scheduler)
+    log = deployment.log_path(REPLICA).read_text()
+    assert (log.count("metrics on http://"), log.count("cannot serve metrics")) == (1, 0)
 
     def value(name: str, **labels: str) -> float:
         return samples.get((name, frozenset(labels.items())), 0.0)
