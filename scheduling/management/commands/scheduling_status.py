@@ -53,7 +53,8 @@ class Command(BaseCommand):
             self.stdout.write(self._table(rows), ending="")
 
     def _table(self, rows: list[TaskStatus]) -> str:
-        table = Table(*HEADERS, title=f"{len(rows)} periodic tasks", title_justify="left")
+        title = f"{len(rows)} periodic task{'' if len(rows) == 1 else 's'}"
+        table = Table(*HEADERS, title=title, title_justify="left")
         for row in rows:
             table.add_row(*cells(row), style=None if row.enabled else "dim")
         tty = self.stdout.isatty()
