@@ -86,6 +86,10 @@ STATIC_ROOT = BASE_DIR / ".data" / "static"
 SCHEDULING_TEST_PAUSE_AFTER_PUBLISH = float(
     os.environ.get("SCHEDULING_TEST_PAUSE_AFTER_PUBLISH", 0)
 )
+# Bounds the chaos tool and the acceptance tests shorten (seconds; scheduling.conf has defaults).
+for _name in ("IDLE_IN_TRANSACTION_TIMEOUT", "RECONCILE_INTERVAL", "WORKER_LOST_AFTER"):
+    if os.environ.get(f"SCHEDULING_{_name}"):
+        globals()[f"SCHEDULING_{_name}"] = float(os.environ[f"SCHEDULING_{_name}"])
 
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 DEFAULT_FROM_EMAIL = "scheduler@example.com"

@@ -46,6 +46,11 @@ DEFAULTS: dict[str, _Setting] = {
         "frozen replica can hold its claim before the server ends its transaction.",
     ),
     "TCP_KEEPALIVES_IDLE": _Setting(5, "Server-side TCP keepalive idle time, seconds."),
+    "WORKER_LOST_AFTER": _Setting(
+        60.0,
+        "Seconds a running run's execution lock must stay free (its worker died) before the "
+        "reconcile pass closes it as failed, 'worker lost', unless a redelivery runs it again.",
+    ),
     "REJECT_UNKNOWN_TASKS": _Setting(
         True, "Fail a run whose task name the beat process's Celery app does not know."
     ),
@@ -122,6 +127,10 @@ class Conf:
     @property
     def tcp_keepalives_idle(self) -> int:
         return int(self._get("TCP_KEEPALIVES_IDLE"))  # type: ignore[arg-type]
+
+    @property
+    def worker_lost_after(self) -> float:
+        return float(self._get("WORKER_LOST_AFTER"))  # type: ignore[arg-type]
 
     @property
     def reject_unknown_tasks(self) -> bool:

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 from django.db.models import DateTimeField, Exists, F, Func, OuterRef, Q, QuerySet, Subquery
-from django.db.models import Case, IntegerField, When, Window
+from django.db.models import Case, IntegerField, TextField, Value, When, Window
 from django.db.models.functions import RowNumber
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
@@ -91,7 +91,9 @@ def configure_session(using: str = "default") -> None:
 
     ``idle_in_transaction_session_timeout`` and ``statement_timeout`` bound how long a frozen or
     partitioned replica can hold its claim (invariant 8, docs/architecture.md); the TCP keepalive
-    settings let the server notice a vanished client.
+    settings let the server notice a vanished client. ``application_name`` is
+    ``scheduling-beat:<replica id>`` (cut to 63 bytes), so ``pg_stat_activity`` shows which
+    session is which replica's.
     """
     from scheduling.conf import conf
 
@@ -106,16 +108,23 @@ def configure_session(using: str = "default") -> None:
             " set_config('statement_timeout', %s, false),"
             " set_config('tcp_keepalives_idle', %s, false),"
             " set_config('tcp_keepalives_interval', %s, false),"
-            " set_config('tcp_keepalives_count', %s, false)",
+            " set_config('tcp_keepalives_count', %s, false),"
+            " set_config('application_name', %s, false)",
             [
                 f"{int(conf.idle_in_transaction_timeout * 1000)}ms",
                 f"{int(conf.statement_timeout * 1000)}ms",
                 str(conf.tcp_keepalives_idle),
                 str(max(1, conf.tcp_keepalives_idle // 2)),
                 "3",
+                application_name(conf.replica_id),
             ],
         )
     connection._scheduling_session = raw  # type: ignore[attr-defined]
+
+
+def application_name(replica_id: str) -> str:
+    """Return the ``application_name`` of replica ``replica_id``'s scheduler session."""
+    return f"scheduling-beat:{replica_id}".encode()[:63].decode(errors="ignore")
 
 
 def poll(using: str = "default") -> Poll:
@@ -165,7 +174,9 @@ def beat_schedule_sync(using: str = "default") -> Iterator[None]:
 # Planning ---------------------------------------------------------------------------------------
 
 
-def reconcile(grace: timedelta, using: str = "default") -> int:
+def reconcile(
+    grace: timedelta, using: str = "default", lost: LostExecutions | None = None
+) -> int:
     """Bring the pending runs in line with the periodic tasks; return the number of runs planned.
 
     1. Pending runs of deleted tasks, and pending scheduled runs of disabled tasks, are cancelled.
@@ -175,12 +186,18 @@ def reconcile(grace: timedelta, using: str = "default") -> int:
     3. Every enabled task without a pending scheduled run gets one (its next slot), or is disabled
        when its schedule is over (clocked time passed, expired, one-off done).
 
+    4. With ``lost`` (the replica's memory of runs seen without their execution lock): running
+       runs whose worker is gone are closed as failed, "worker lost" (``close_lost_executions``).
+
     Safe to run from any number of replicas at once: rows being claimed are skipped, and the unique
     constraints drop concurrent duplicates (invariant 1).
     """
     _cancel_orphans(using)
     _replan_edited(using)
-    return plan_missing(grace, using)
+    planned = plan_missing(grace, using)
+    if lost is not None:
+        close_lost_executions(lost, using)
+    return planned
 
 
 def _cancel_orphans(using: str) -> None:
@@ -1012,6 +1029,96 @@ def _insert_backfill(
     return len(runs)
 
 
+# Lost workers -----------------------------------------------------------------------------------
+
+#: ``reason`` of a running run closed because its worker is gone (``close_lost_executions``).
+WORKER_LOST = "worker lost"
+#: ``reason`` of such a run when its attempt's outcome arrived after all (the process lived on).
+LATE_OUTCOME = "outcome recorded after the run was closed as worker lost"
+
+# The advisory lock keys held right now in this database, as the signed 64-bit keys
+# ``pg_advisory_lock(bigint)`` was given (pg_locks splits them into classid/objid, objsubid 1),
+# and the key of a run's current attempt: ``scheduling.guard.lock_key`` hashed as the guard does.
+_HELD_LOCKS = (
+    "held AS MATERIALIZED (SELECT (l.classid::bigint << 32) | l.objid::bigint AS key"
+    " FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+)
+_LOCK_FREE = (
+    "NOT EXISTS (SELECT 1 FROM held WHERE held.key ="
+    " hashtextextended('scheduling.run:' || r.task_id || ':' || r.retries, 0))"
+)
+
+
+class LostExecutions:
+    """One replica's memory of running runs seen without their execution lock.
+
+    Maps (run id, executions) to the database time the lock was first seen free. Kept in memory
+    by the scheduler (``LedgerScheduler``) across reconcile passes: a restarted replica starts
+    afresh, which only delays a close. ``after`` (seconds) is how long the lock must stay free.
+    """
+
+    def __init__(self, after: float) -> None:
+        self.after = timedelta(seconds=after)
+        self.first_seen: dict[tuple[int, int], datetime] = {}
+
+
+def close_lost_executions(lost: LostExecutions, using: str = "default") -> list[str]:
+    """Close running runs whose worker is gone as failed, reason "worker lost"; return task ids.
+
+    Evidence, not a timeout on the run: while a delivery executes, the worker guard holds the
+    run's execution lock (a PostgreSQL advisory lock on (task id, ``retries``), on the executing
+    process's own session), and the server frees it when that process dies. A run is closed when
+    it is ``running``, was started by the guard (``executions`` > 0, so runs of workers without
+    the guard are never touched), and its lock has been free in every pass for at least
+    ``lost.after`` (``SCHEDULING_WORKER_LOST_AFTER`` seconds). A redelivery that executes it again
+    within that time takes the lock again (and bumps ``executions``), so it is left alone. The
+    close is one UPDATE that checks the lock again, so a delivery starting meanwhile either wins
+    the row first (then nothing is closed) or finds the run failed and is suppressed.
+
+    Two set-based queries per pass, reading ``pg_locks`` once; nothing when no run is running.
+    A late outcome of the same attempt still replaces "worker lost" (``record_finished``).
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"WITH {_HELD_LOCKS} SELECT r.id, r.executions, clock_timestamp()"
+            f" FROM scheduling_run r WHERE r.status = 'running' AND r.executions > 0"
+            f" AND {_LOCK_FREE}"
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        lost.first_seen.clear()
+        return []
+    now = rows[0][2]
+    seen = {(pk, n): lost.first_seen.get((pk, n), now) for pk, n, _ in rows}
+    lost.first_seen = seen
+    due = [key for key, since in seen.items() if now - since >= lost.after]
+    if not due:
+        return []
+    error = (
+        f"the execution lock was free for {lost.after.total_seconds():g} s or more: the worker "
+        "running this attempt died (or lost its database session), and no redelivery started "
+        "it again"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"WITH {_HELD_LOCKS} UPDATE scheduling_run AS r SET status = 'failed', reason = %s,"
+            f" error = %s, finished_at = clock_timestamp()"
+            f" FROM unnest(%s::bigint[], %s::integer[]) AS v(id, executions)"
+            f" WHERE r.id = v.id AND r.executions = v.executions AND r.status = 'running'"
+            f" AND {_LOCK_FREE} RETURNING r.id, r.executions, r.task_id, r.periodic_task_name",
+            [WORKER_LOST, error, [pk for pk, _ in due], [n for _, n in due]],
+        )
+        closed = cursor.fetchall()
+    for pk, executions, task_id, name in closed:
+        lost.first_seen.pop((pk, executions), None)
+        logger.error(
+            "run %s of %r failed: worker lost (its execution lock was free for %g s)",
+            task_id, name, lost.after.total_seconds(), extra={"action": "worker_lost"},
+        )
+    return [task_id for _, _, task_id, _ in closed]
+
+
 # Worker side ------------------------------------------------------------------------------------
 
 
@@ -1200,17 +1307,28 @@ def record_finished(
     """Record the final ``status`` (succeeded or failed) and a short error text on the run.
 
     With ``retries`` (the finishing attempt's ``request.retries``), only that attempt's outcome is
-    recorded, so a late signal of an earlier attempt cannot overwrite a later one.
+    recorded, so a late signal of an earlier attempt cannot overwrite a later one. A run closed as
+    "worker lost" takes the outcome of its attempt if that attempt did finish after all.
     """
     runs = (
         Run.objects.using(using)
         .filter(task_id=task_id)
         .exclude(status__in=(Run.Status.CANCELLED, Run.Status.PENDING, *Run.FINAL_STATUSES))
+        # the worker was only thought lost (its lock session ended, it did not): the real outcome
+        | Run.objects.using(using).filter(
+            task_id=task_id, status=Run.Status.FAILED, reason=WORKER_LOST
+        )
     )
     if retries is not None:
         runs = runs.filter(retries=retries)
+    reason = Case(
+        When(reason=WORKER_LOST, then=Value(LATE_OUTCOME)), default=F("reason"),
+        output_field=TextField(),
+    )
     return bool(
-        runs.update(status=status, finished_at=ClockTimestamp(), error=error[:_ERROR_LIMIT])
+        runs.update(
+            status=status, finished_at=ClockTimestamp(), error=error[:_ERROR_LIMIT], reason=reason
+        )
     )
 
 

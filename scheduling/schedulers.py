@@ -65,6 +65,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._failing = ""
         self.heartbeat = Heartbeat(self.replica_id)
         self._prune = BuiltinPrune()
+        self._lost = ledger.LostExecutions(conf.worker_lost_after)
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
@@ -129,7 +130,7 @@ class LedgerScheduler(DatabaseScheduler):
             time.monotonic() - self._last_reconcile >= conf.reconcile_interval
         ):
             try:
-                ledger.reconcile(grace)
+                ledger.reconcile(grace, lost=self._lost)
             except (OperationalError, InterfaceError):
                 raise
             except Exception:  # noqa: BLE001 - planning trouble must not stop dispatching
