@@ -10,10 +10,6 @@ per execution to a file: the count of executions comes from the worker, not the 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +19,7 @@ from django.conf import settings
 from django.db import connection
 
 from scheduling.models import Run
+from scheduling.processes import Processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,105 +61,21 @@ def test_database_url() -> str:
     return f"postgresql://{auth}{host}{port}/{name}"
 
 
-class Deployment:
-    """Child processes of one acceptance test; ``stop()`` ends them all."""
+class Deployment(Processes):
+    """Child processes of one acceptance test, on the test database and a queue of their own."""
 
     def __init__(self, workdir: Path, **env: str) -> None:
-        self.workdir = workdir
-        self.queue = f"q-{uuid.uuid4().hex[:10]}"
-        self.execution_log = workdir / "executions.jsonl"
-        self.execution_log.touch()
-        self.env = {
-            **os.environ,
-            "DATABASE_URL": test_database_url(),
-            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-            "CELERY_TASK_DEFAULT_QUEUE": self.queue,
-            "SCHEDULING_EXECUTION_LOG": str(self.execution_log),
-            "PYTHONUNBUFFERED": "1",
-            **env,
-        }
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-
-    def log_path(self, name: str) -> Path:
-        return self.workdir / f"{name}.log"
-
-    def _start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        handle = open(self.log_path(name), "ab")  # noqa: SIM115 - owned by the child
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "project", *args],
+        super().__init__(
+            workdir,
+            queue=f"q-{uuid.uuid4().hex[:10]}",
             cwd=ROOT,
-            env={**self.env, **env},
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            env={
+                "DATABASE_URL": test_database_url(),
+                "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+                **env,
+            },
         )
-        self.processes[name] = process
-        return process
-
-    def start_beat(self, name: str, **env: str) -> subprocess.Popen[bytes]:
-        """Start a beat replica whose replica id is ``name``."""
-        return self._start(
-            name,
-            ["beat", "-l", "info", "--pidfile=", "-S", "scheduling.schedulers:LedgerScheduler"],
-            {"SCHEDULING_REPLICA_ID": name, **env},
-        )
-
-    def start_worker(self, name: str, concurrency: int = 2) -> subprocess.Popen[bytes]:
-        return self._start(
-            name,
-            [
-                "worker", "-l", "info", "-c", str(concurrency), "-n", f"{name}@%h",
-                "-Q", self.queue, "--without-gossip", "--without-mingle", "--without-heartbeat",
-            ],
-            {},
-        )
-
-    def wait_for_log(self, name: str, text: str, timeout: float = 30.0) -> float:
-        """Wait until ``text`` appears in the log of ``name``; return time.time() when seen."""
-        deadline = time.monotonic() + timeout
-        path = self.log_path(name)
-        while time.monotonic() < deadline:
-            if path.exists() and text in path.read_text(errors="replace"):
-                return time.time()
-            process = self.processes.get(name)
-            if process is not None and process.poll() is not None:
-                raise AssertionError(f"{name} exited early:\n{self.tail(name)}")
-            time.sleep(0.05)
-        raise AssertionError(f"{text!r} not seen in {name} within {timeout}s:\n{self.tail(name)}")
-
-    def wait_ready(self) -> None:
-        for name in self.processes:
-            marker = "beat: Starting..." if "worker" not in name else "ready."
-            self.wait_for_log(name, marker, timeout=60)
-
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        process = self.processes[name]
-        os.killpg(process.pid, sig)
-        if sig in (signal.SIGKILL, signal.SIGTERM):
-            process.wait(timeout=30)
-
-    def stop(self, *names: str, timeout: float = 20.0) -> None:
-        """Stop the named processes (all when none is named): SIGTERM, then SIGKILL."""
-        targets = [self.processes[n] for n in names] if names else list(self.processes.values())
-        for process in targets:
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + timeout
-        for process in targets:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
-
-    def executions(self, phase: str = "end") -> list[dict[str, object]]:
-        """Every execution the workers recorded, in order (``phase="start"``: every start)."""
-        lines = self.execution_log.read_text().splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
-        return [r for r in records if r.get("phase", "end") == phase]
+        self.env["CELERY_TASK_DEFAULT_QUEUE"] = self.queue
 
     def publish_copy(self, run: object) -> None:
         """Publish the scheduler's message of ``run`` again, as a re-publishing replica would."""
@@ -172,12 +85,6 @@ class Deployment:
         message = build_message(run, run.periodic_task)  # type: ignore[attr-defined]
         options = {**message.options, "queue": self.queue}
         app.send_task(message.name, args=message.args, kwargs=message.kwargs, **options)
-
-    def tail(self, name: str, lines: int = 40) -> str:
-        path = self.log_path(name)
-        if not path.exists():
-            return "(no log)"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def broker_is_redis() -> bool:

@@ -1,0 +1,510 @@
+"""Chaos run: real replicas and workers killed, frozen and cut off at random; every slot checked.
+
+    python -m scheduling.chaos --minutes 10 [--replicas 5] [--workers 2] [--tasks 200] [--seed N]
+
+It uses the database and broker of the Django settings (``DJANGO_SETTINGS_MODULE``, default
+``project.settings``: ``DATABASE_URL`` and ``CELERY_BROKER_URL``, as ``manage.py`` does), on a
+queue of its own, and:
+
+1. starts ``--replicas`` ``celery beat`` replicas with ``LedgerScheduler`` and ``--workers``
+   workers (``scheduling.processes``);
+2. creates ``--tasks`` periodic tasks named ``chaos-<id> ...`` running ``--task`` (default
+   ``project.tasks.record``, which appends one JSON line per execution to the file named by
+   ``SCHEDULING_EXECUTION_LOG``): 80 % every ``--every`` seconds (10), 10 % ``* * * * *``,
+   10 % clocked one-offs inside the window;
+3. for the window, at seeded random moments: SIGKILLs replicas and workers and restarts them,
+   SIGSTOPs replicas for less and for more than ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT`` and
+   workers for a few seconds, and ends replicas' database sessions with ``pg_terminate_backend``
+   (found by ``application_name``, ``scheduling.ledger.application_name``); one replica is always
+   left alone;
+4. stops the faults, waits for every run of the window to finish, and checks every slot of every
+   task from its first slot to the end of the window (``check``): each slot either executed once
+   (the worker's log, not the ledger), or is recorded with its reason (a coalesced misfire,
+   missed, skipped, cancelled, expired, or failed with a reason such as "worker lost");
+5. prints the summary table, deletes its tasks and their runs, and exits 1 on any breach:
+   a duplicate execution or slot row, an unaccounted or off-schedule slot, a run still pending,
+   dispatched, running or retrying, an execution of no run, or a closed run without its reason.
+
+The example project reads ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT``, ``SCHEDULING_RECONCILE_
+INTERVAL`` and ``SCHEDULING_WORKER_LOST_AFTER`` from the environment; the tool sets the last two
+to 10 s and 5 s for its replicas unless they are set, so a killed worker's run is closed
+within the settling time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+#: Bounds the tool gives its replicas unless the environment sets them (seconds).
+ENV_DEFAULTS = {"SCHEDULING_WORKER_LOST_AFTER": "10", "SCHEDULING_RECONCILE_INTERVAL": "5"}
+UNFINISHED = ("pending", "dispatched", "running", "retrying")
+
+
+@dataclass
+class Options:
+    """One chaos run. ``seconds`` is the length of the fault window; ``env`` goes to children."""
+
+    seconds: float = 600.0
+    replicas: int = 5
+    workers: int = 2
+    tasks: int = 200
+    every: int = 10
+    seed: int | None = None
+    concurrency: int = 2
+    fault_every: float = 3.0
+    settle: float | None = None
+    app: str = "project"
+    task: str = "project.tasks.record"
+    cwd: Path | None = None
+    workdir: Path | None = None
+    keep: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """What ``check`` found: outcomes per slot, breaches, lateness (seconds), faults injected."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    breaches: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+    lateness: list[float] = field(default_factory=list)
+    faults: Counter[str] = field(default_factory=Counter)
+    slots: int = 0
+
+    BREACHES = (
+        "duplicate executions",
+        "duplicate slot rows",
+        "unaccounted slots",
+        "stuck runs",
+        "off-schedule runs",
+        "executions of no run",
+        "closed without a reason",
+    )
+
+    @property
+    def duplicates(self) -> int:
+        return self.breaches["duplicate executions"] + self.breaches["duplicate slot rows"]
+
+    @property
+    def unaccounted(self) -> int:
+        return self.breaches["unaccounted slots"]
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.breaches.values())
+
+    def breach(self, kind: str, example: str) -> None:
+        self.breaches[kind] += 1
+        if len(self.examples) < 20:
+            self.examples.append(f"{kind}: {example}")
+
+    def table(self) -> str:
+        """The summary: outcomes, breaches, lateness percentiles, faults, verdict."""
+        rows = [("slots in the window", self.slots)]
+        rows += [(f"  {k}", n) for k, n in sorted(self.outcomes.items(), key=lambda i: -i[1])]
+        rows += [("breaches", sum(self.breaches.values()))]
+        rows += [(f"  {k}", self.breaches[k]) for k in self.BREACHES]
+        rows += [("faults injected", sum(self.faults.values()))]
+        rows += [(f"  {k}", n) for k, n in sorted(self.faults.items())]
+        width = max(len(k) for k, _ in rows) + 2
+        lines = [f"{k:<{width}}{v:>8}" for k, v in rows]
+        if self.lateness:
+            late = sorted(self.lateness)
+            p = {q: late[min(len(late) - 1, int(q * len(late)))] for q in (0.5, 0.99)}
+            lines.append(
+                f"lateness (dispatched_at - scheduled_for) over {len(late)} runs: "
+                f"p50 {p[0.5]:.3f} s, p99 {p[0.99]:.3f} s, max {late[-1]:.3f} s, "
+                f"mean {statistics.fmean(late):.3f} s"
+            )
+        lines += self.examples
+        lines.append("result: " + ("PASS" if self.ok else "FAIL"))
+        return "\n".join(lines)
+
+
+@dataclass
+class Planted:
+    """A periodic task the run created, with its first slot (aware UTC)."""
+
+    pk: int
+    kind: str
+    first_slot: datetime | None
+
+
+def run(options: Options, say: Callable[[str], None] = print) -> Report:
+    """Run the chaos (Django must be set up); return the report. Children get ``options.env``."""
+    from scheduling import ledger
+    from scheduling.processes import Processes
+
+    rng = random.Random(options.seed)
+    ident = f"chaos-{uuid.uuid4().hex[:8]}"
+    workdir = options.workdir or Path(tempfile.mkdtemp(prefix=f"{ident}-"))
+    env = {**{k: v for k, v in ENV_DEFAULTS.items() if k not in os.environ}, **options.env}
+    procs = Processes(workdir / ident, queue=ident, app=options.app, cwd=options.cwd, env=env)
+    say(f"{ident}: logs in {procs.workdir}, seed {options.seed}")
+    replicas = [f"{ident}-replica-{n}" for n in range(1, options.replicas + 1)]
+    workers = [f"{ident}-worker-{n}" for n in range(1, options.workers + 1)]
+    planted: list[Planted] = []
+    report = Report()
+    try:
+        for name in replicas:
+            procs.start_beat(name)
+        for name in workers:
+            procs.start_worker(name, concurrency=options.concurrency)
+        procs.wait_ready(timeout=120)
+        planted = _plant(ident, options, rng)
+        say(f"{ident}: {len(planted)} periodic tasks, faults for {options.seconds:g} s")
+        faults = Faults(procs, replicas, workers, rng, ident, _idle_timeout(env))
+        faults.run_for(options.seconds, options.fault_every)
+        end = ledger.database_now()
+        report.faults = faults.counts
+        settle = options.settle or (_float(env, "SCHEDULING_WORKER_LOST_AFTER", 60.0)
+                                    + 2 * _float(env, "SCHEDULING_RECONCILE_INTERVAL", 60.0) + 60)
+        say(f"{ident}: faults stopped; settling (giving up after {settle:g} s without progress)")
+        _settle(ident, end, settle)
+        check(ident, planted, end, procs.executions(), report)
+    finally:
+        procs.stop()
+        if not options.keep:
+            _clean(ident)
+            if options.workdir is None and report.ok:
+                shutil.rmtree(workdir, ignore_errors=True)
+    return report
+
+
+def _float(env: dict[str, str], name: str, default: float) -> float:
+    value = env.get(name) or os.environ.get(name)
+    return float(value) if value else default
+
+
+def _idle_timeout(env: dict[str, str]) -> float:
+    from scheduling.conf import conf
+
+    return _float(env, "SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT", conf.idle_in_transaction_timeout)
+
+
+def _plant(ident: str, options: Options, rng: random.Random) -> list[Planted]:
+    """Create the tasks: 80 % every ``options.every`` s, 10 % every minute, 10 % clocked ones."""
+    import json
+
+    from django_celery_beat.models import (
+        ClockedSchedule,
+        CrontabSchedule,
+        IntervalSchedule,
+        PeriodicTask,
+    )
+
+    from scheduling import ledger, slots
+
+    interval, _ = IntervalSchedule.objects.get_or_create(
+        every=options.every, period=IntervalSchedule.SECONDS
+    )
+    minute, _ = CrontabSchedule.objects.get_or_create(
+        minute="*", hour="*", day_of_month="*", month_of_year="*", day_of_week="*",
+        timezone="UTC",
+    )
+    start = ledger.database_now()
+    planted = []
+    for n in range(options.tasks):
+        kind = "crontab * * * * *" if n % 10 == 8 else ("clocked" if n % 10 == 9 else "interval")
+        name = f"{ident} #{n} {kind}"
+        fields: dict[str, object] = {"interval": interval}
+        if kind.startswith("crontab"):
+            fields = {"crontab": minute}
+        elif kind == "clocked":
+            at = start + timedelta(seconds=rng.uniform(3, max(4, options.seconds - 3)))
+            fields = {"clocked": ClockedSchedule.objects.create(clocked_time=at), "one_off": True}
+        task = PeriodicTask.objects.create(
+            name=name, task=options.task, queue=ident, kwargs=json.dumps({"label": name}),
+            **fields,
+        )
+        first = slots.initial_run(task, task.date_changed, last_slot=None, grace=timedelta(0))
+        planted.append(Planted(task.pk, kind, first))
+    return planted
+
+
+class Faults:
+    """Injects faults at seeded random moments and undoes them (SIGCONT, restart) on time."""
+
+    def __init__(
+        self, procs: object, replicas: list[str], workers: list[str], rng: random.Random,
+        ident: str, idle_timeout: float,
+    ) -> None:
+        self.procs = procs
+        self.replicas, self.workers = replicas, workers
+        self.rng = rng
+        self.ident = ident
+        self.idle = idle_timeout
+        self.counts: Counter[str] = Counter()
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+        self.busy: set[str] = set()  # dead or paused, with an undo timer pending
+        self.spared = replicas[0]  # one replica is always left running
+
+    def run_for(self, seconds: float, every: float) -> None:
+        """Inject faults for ``seconds``, one every ``every`` s on average; then undo them all."""
+        deadline = time.monotonic() + seconds
+        next_fault = time.monotonic() + self.rng.expovariate(1 / every)
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            for due, undo in sorted(self.timers, key=lambda t: t[0]):
+                if due <= now:
+                    self.timers.remove((due, undo))
+                    undo()
+            if now >= next_fault:
+                self.inject()
+                next_fault = now + self.rng.expovariate(1 / every)
+            time.sleep(0.05)
+        for _, undo in sorted(self.timers, key=lambda t: t[0]):
+            undo()
+        self.timers.clear()
+
+    def _later(self, delay: float, undo: Callable[[], None]) -> None:
+        self.timers.append((time.monotonic() + delay, undo))
+
+    def inject(self) -> None:
+        """Inject one fault, chosen by weight among those that have a free victim."""
+        replicas = [r for r in self.replicas if r != self.spared and r not in self.busy]
+        workers = [w for w in self.workers if w not in self.busy]
+        kinds = {
+            "replica SIGKILL + restart": (3, replicas),
+            "replica SIGSTOP < idle timeout": (2, replicas),
+            "replica SIGSTOP > idle timeout": (1, replicas),
+            "replica sessions terminated": (2, [r for r in self.replicas if r not in self.busy]),
+            "worker SIGKILL + restart": (2, workers),
+            "worker SIGSTOP": (1, workers),
+        }
+        choices = [(k, w, v) for k, (w, v) in kinds.items() if v]
+        if not choices:
+            return
+        kind, _, victims = self.rng.choices(choices, weights=[w for _, w, _ in choices])[0]
+        victim = self.rng.choice(victims)
+        if "SIGKILL" in kind:
+            self.procs.kill(victim)  # type: ignore[attr-defined]
+            self._hold(victim, self.rng.uniform(0.5, 3.0), self.procs.restart)  # type: ignore
+        elif "SIGSTOP" in kind:
+            if kind.startswith("worker"):
+                pause = self.rng.uniform(0.5, 5.0)
+            elif "<" in kind:
+                pause = self.rng.uniform(0.3, 0.8 * self.idle)
+            else:
+                pause = self.idle + self.rng.uniform(1.0, 5.0)
+            self.procs.send(victim, signal.SIGSTOP)  # type: ignore[attr-defined]
+            self._hold(victim, pause, lambda v: self.procs.send(v, signal.SIGCONT))  # type: ignore
+        elif not self._terminate(victim):
+            return
+        self.counts[kind] += 1
+
+    def _hold(self, victim: str, delay: float, undo: Callable[[str], object]) -> None:
+        self.busy.add(victim)
+
+        def release() -> None:
+            undo(victim)
+            self.busy.discard(victim)
+
+        self._later(delay, release)
+
+    def _terminate(self, replica: str) -> int:
+        """End ``replica``'s scheduler sessions with pg_terminate_backend; return how many."""
+        from django.db import connection
+
+        from scheduling.ledger import application_name
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = %s AND pid <> pg_backend_pid()",
+                [application_name(replica)],
+            )
+            return int(cursor.fetchone()[0])
+
+
+def _settle(ident: str, end: datetime, stall: float) -> None:
+    """Wait until no run of the window is pending, dispatched, running or retrying.
+
+    Gives up when their number has not gone down for ``stall`` seconds (the checker then reports
+    them as stuck), or after ten times that.
+    """
+    from scheduling.models import Run
+
+    unfinished = Run.objects.filter(
+        periodic_task_name__startswith=f"{ident} ", scheduled_for__lte=end, status__in=UNFINISHED
+    )
+    start = last_progress = time.monotonic()
+    best = unfinished.count()
+    while best and time.monotonic() - last_progress < stall and (
+        time.monotonic() - start < 10 * stall
+    ):
+        time.sleep(0.5)
+        left = unfinished.count()
+        if left < best:
+            best, last_progress = left, time.monotonic()
+    time.sleep(1.0)  # a duplicate execution, if any, would be logged by now
+
+
+def check(
+    ident: str, planted: list[Planted], end: datetime, executions: list[dict[str, object]],
+    report: Report,
+) -> Report:
+    """Account for every slot of ``planted`` up to ``end`` (aware UTC) in ``report``.
+
+    Each expected slot (the task's first slot, then ``slots.next_run`` from each slot) gets one
+    outcome: "executed once" (succeeded, and its task id appears once in ``executions``), a
+    coalesced slot (inside a late run's ``slots``), or the closed status with its reason. Anything
+    else is a breach (``Report.BREACHES``). Executions of slots after ``end`` only count towards
+    duplicates and executions of no run.
+    """
+    from django_celery_beat.models import PeriodicTask
+
+    from scheduling import slots
+    from scheduling.models import Run
+
+    executed = Counter(str(e["task_id"]) for e in executions)
+    for task_id, n in executed.items():
+        if n > 1:
+            report.breach("duplicate executions", f"task id {task_id} executed {n} times")
+    runs = list(
+        Run.objects.filter(periodic_task_name__startswith=f"{ident} ").order_by("scheduled_for")
+    )
+    known = {run.task_id for run in runs}
+    for task_id in executed.keys() - known:
+        report.breach("executions of no run", task_id)
+    by_task: dict[int | None, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_task[run.periodic_task_id].append(run)
+        if run.dispatched_at is not None and run.trigger == "schedule" and run.scheduled_for <= end:
+            report.lateness.append((run.dispatched_at - run.scheduled_for).total_seconds())
+    tasks = PeriodicTask.objects.in_bulk([p.pk for p in planted])
+    for plant in planted:
+        expected: list[datetime] = []
+        slot = plant.first_slot
+        while slot is not None and slot <= end:
+            expected.append(slot)
+            slot = None if plant.kind == "clocked" else slots.next_run(tasks[plant.pk], slot)
+        _account(expected, by_task[plant.pk], end, executed, report)
+    return report
+
+
+def _account(
+    expected: list[datetime], runs: list[object], end: datetime, executed: Counter[str],
+    report: Report,
+) -> None:
+    rows: dict[datetime, list] = defaultdict(list)
+    for run in runs:
+        if run.trigger == "schedule":  # type: ignore[attr-defined]
+            rows[run.scheduled_for].append(run)  # type: ignore[attr-defined]
+    covered = 0  # later slots a coalesced run or a counting missed row stands for
+    for slot in expected:
+        report.slots += 1
+        here = rows.pop(slot, [])
+        live = [r for r in here if r.status != "cancelled"]
+        cancelled = [r for r in here if r.status == "cancelled"]
+        if covered and not live:
+            covered -= 1
+            report.outcomes["coalesced into a late run"] += 1
+            continue
+        if len(live) > 1:
+            report.breach("duplicate slot rows", f"{live[0]} and {len(live) - 1} more")
+        if not live:
+            if cancelled and cancelled[0].reason:
+                report.outcomes[f"cancelled: {cancelled[0].reason}"] += 1
+            else:
+                report.breach("unaccounted slots", f"{slot.isoformat()} of task {runs[:1]}")
+            continue
+        covered = max(covered, live[0].slots - 1)
+        report.outcomes[_outcome(live[0], executed, report)] += 1
+    for slot, extra in rows.items():
+        if slot <= end and any(r.status != "cancelled" for r in extra):
+            report.breach("off-schedule runs", str(extra[0]))
+
+
+def _outcome(run: object, executed: Counter[str], report: Report) -> str:
+    """The outcome label of one run, recording a breach when it is not accounted for."""
+    status, reason, times = run.status, run.reason, executed[run.task_id]  # type: ignore
+    if status in UNFINISHED:
+        report.breach("stuck runs", f"{run} ({reason or 'no reason'})")
+        return f"stuck {status}"
+    if status == "succeeded":
+        if times == 0:
+            report.breach("unaccounted slots", f"{run}: succeeded, not in the execution log")
+        return "executed once" if run.slots == 1 else "executed once, coalescing a misfire"
+    if status == "failed" and times <= 1 and (reason or run.error):  # type: ignore
+        return f"failed: {reason or 'task error'}, executed {times}x"
+    if status != "failed" and times == 0 and reason:
+        return f"{status}: {reason.split(':')[0]}"
+    report.breach("closed without a reason", f"{run} executed {times}x, reason {reason!r}")
+    return f"{status} without a reason"
+
+
+def _clean(ident: str) -> None:
+    """Delete the run's periodic tasks, their clocked rows and their ledger rows."""
+    from django_celery_beat.models import ClockedSchedule, PeriodicTask
+
+    from scheduling.models import Run
+
+    tasks = PeriodicTask.objects.filter(name__startswith=f"{ident} ")
+    clocked = list(tasks.exclude(clocked=None).values_list("clocked_id", flat=True))
+    Run.objects.filter(periodic_task_name__startswith=f"{ident} ").delete()
+    tasks.delete()
+    ClockedSchedule.objects.filter(pk__in=clocked).delete()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, run, print the table; 0 when every slot is accounted for."""
+    parser = argparse.ArgumentParser(prog="python -m scheduling.chaos", description=__doc__.split(
+        "\n")[0])
+    window = parser.add_mutually_exclusive_group()
+    window.add_argument("--minutes", type=float, help="length of the fault window (default 10)")
+    window.add_argument("--seconds", type=float, help="length of the fault window in seconds")
+    parser.add_argument("--replicas", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=2, help="pool processes per worker")
+    parser.add_argument("--tasks", type=int, default=200)
+    parser.add_argument("--every", type=int, default=10,
+                        help="interval of 80 %% of the tasks, seconds (default 10; 1 s for 200 "
+                        "tasks is 180 runs/s, more than two cores run)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--fault-every", type=float, default=3.0,
+                        help="mean seconds between two faults (default 3)")
+    parser.add_argument("--settle", type=float, default=None,
+                        help="most seconds to wait for the window's runs to finish")
+    parser.add_argument("--app", default="project", help="Celery app for celery -A")
+    parser.add_argument("--task", default="project.tasks.record",
+                        help="task run by every periodic task; it must log executions like "
+                        "project.tasks.record")
+    parser.add_argument("--workdir", type=Path, default=None, help="folder for logs")
+    parser.add_argument("--keep", action="store_true", help="keep the tasks and runs")
+    args = parser.parse_args(argv)
+    seconds = args.seconds if args.seconds is not None else 60 * (args.minutes or 10)
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    for name, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    import django
+
+    django.setup()
+    options = Options(
+        seconds=seconds, replicas=args.replicas, workers=args.workers, tasks=args.tasks,
+        every=args.every, seed=seed, concurrency=args.concurrency, fault_every=args.fault_every,
+        settle=args.settle, app=args.app, task=args.task, workdir=args.workdir, keep=args.keep,
+    )
+    report = run(options, say=lambda line: print(line, flush=True))
+    print(report.table(), flush=True)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Issue 5, acceptance 2: a replica frozen (SIGSTOP) for 30 s in the middle of its claim.
+
+The server ends the frozen replica's transaction after ``idle_in_transaction_session_timeout``
+(``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT``, 3 s here), which releases its row locks: the other
+replicas dispatch the runs within that bound plus one second. When the frozen replica wakes, its
+commit fails on the ended session: nothing is committed twice, and the copies it published before
+freezing are dropped by the worker guard, so every run executes once.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+from django_celery_beat.models import ClockedSchedule
+
+from scheduling import ledger
+from scheduling.models import Run
+from tests.acceptance.deployment import Deployment, drain, wait_until
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+
+IDLE_TIMEOUT = 3.0
+FROZEN_FOR = 30.0
+
+
+def test_a_replica_frozen_mid_claim_is_bounded_by_the_server(tmp_path, make_task):
+    deployment = Deployment(tmp_path, SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT=str(IDLE_TIMEOUT))
+    rescuers = ("rescuer-1", "rescuer-2")
+    try:
+        deployment.start_beat("frozen", SCHEDULING_TEST_PAUSE_AFTER_PUBLISH="2")
+        for name in rescuers:
+            deployment.start_beat(name)
+        deployment.wait_ready()
+        for name in rescuers:  # idle between ticks: the frozen replica claims alone
+            deployment.send(name, signal.SIGSTOP)
+        slot = ClockedSchedule.objects.create(
+            clocked_time=ledger.database_now() + timedelta(seconds=2)
+        )
+        tasks = [
+            make_task(clocked=slot, name=f"locked-{i}", kwargs=json.dumps({"label": f"l{i}"}))
+            for i in range(3)
+        ]
+        deployment.wait_for_log("frozen", "test pause: published", timeout=30)
+        deployment.send("frozen", signal.SIGSTOP)  # mid-claim: published, not committed
+        frozen_at = ledger.database_now()
+        for name in rescuers:
+            deployment.send(name, signal.SIGCONT)
+        runs = wait_until(
+            lambda: (found := list(Run.objects.filter(status=Run.Status.DISPATCHED)))
+            and len(found) == 3 and found,
+            timeout=30,
+        )
+        wait_until(lambda: ledger.database_now() >= frozen_at + timedelta(seconds=FROZEN_FOR), 60)
+        deployment.send("frozen", signal.SIGCONT)
+        deployment.wait_for_log("frozen", "reachable again", timeout=30)
+        deployment.start_worker("worker-1", concurrency=2)
+        drain(timeout=60)
+        time.sleep(2)  # anything executing twice would be logged by now
+        assert deployment.alive("frozen")
+        frozen_log = deployment.log_path("frozen").read_text()
+    finally:
+        deployment.stop()
+
+    published = frozen_log.split("test pause: published ", 1)[1].split(", sleeping")[0]
+    assert sorted(published.split(",")) == sorted(r.task_id for r in runs)
+    assert "idle-in-transaction timeout" in frozen_log  # the stale commit failed, and said why
+    waits = sorted((r.dispatched_at - frozen_at).total_seconds() for r in runs)
+    print(f"dispatched by the other replicas {waits} s after the freeze")
+    assert IDLE_TIMEOUT - 1.0 <= waits[0] and waits[-1] <= IDLE_TIMEOUT + 1.0
+    final = list(Run.objects.filter(periodic_task__in=tasks))
+    assert len(final) == 3  # one run per task: nothing committed twice
+    assert {r.claimed_by for r in final} <= set(rescuers)
+    assert {(r.status, r.executions, r.suppressed) for r in final} == {
+        (Run.Status.SUCCEEDED, 1, 1)  # the frozen replica's copy was dropped by the guard
+    }
+    executed = sorted(e["task_id"] for e in deployment.executions())
+    assert executed == sorted(r.task_id for r in final)
