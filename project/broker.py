@@ -1,22 +1,119 @@
-"""The serviceless broker: kombu's SQL transport on the project's PostgreSQL, polling faster.
+"""The serviceless broker: kombu's SQL transport on the project's PostgreSQL, polling faster, with
+redelivery of the messages a dead consumer never acknowledged.
 
 kombu's virtual transports poll; the SQL transport's default of one second would leave workers a
 second behind beat, and its ``polling_interval`` transport option cannot be used because the SQL
 transport hands every option to ``create_engine``. This subclass sets it, and is registered as the
 transport alias ``sqlpoll`` (URL ``sqlpoll+postgresql+psycopg://...``).
+
+Stock kombu marks a delivered message ``visible = false`` and never looks at it again, so the
+messages a SIGKILLed worker had received (executing, or prefetched and not yet started) are lost.
+Here, as with Redis's visibility timeout, a delivery stamps the row's ``timestamp`` with the
+delivery time, an acknowledgement clears it, and a row delivered longer ago than
+``visibility_timeout`` seconds (transport option, default 3600) and still not acknowledged is
+delivered again with ``delivery_info["redelivered"]`` set; the worker guard then decides whether
+it executes (``scheduling.guard``). Waiting and stale rows are served oldest first, so a steady
+stream of new messages cannot starve a redelivery. Delivered rows are kept (``visible = false``).
 """
 
 from __future__ import annotations
 
+from queue import Empty
+from typing import Any
+
 from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport.sqlalchemy import Channel as SQLChannel
 from kombu.transport.sqlalchemy import Transport as SQLTransport
+from kombu.utils.json import loads
+from sqlalchemy import create_engine, text
 
 ALIAS = "sqlpoll"
+#: Transport options this module reads; the others go to ``create_engine`` as kombu does.
+OWN_OPTIONS = ("visibility_timeout",)
+#: Property of a delivered message naming its row, so that the acknowledgement can find it.
+ROW = "sqlpoll_row"
+
+
+class Channel(SQLChannel):
+    """kombu's SQL channel with acknowledgements recorded and unacknowledged rows redelivered."""
+
+    def __init__(self, connection: Any, **kwargs: Any) -> None:
+        options = connection.client.transport_options
+        self.visibility_timeout = float(options.get("visibility_timeout", 3600))
+        super().__init__(connection, **kwargs)
+
+    def _engine_from_config(self) -> Any:
+        client = self.connection.client
+        options = {
+            k: v for k, v in client.transport_options.items()
+            if k not in (*OWN_OPTIONS, "queue_tablename", "message_tablename", "callback",
+                         "errback", "max_retries", "interval_start", "interval_step",
+                         "interval_max", "retry_errors")
+        }
+        return create_engine(client.hostname, **options)
+
+    def _get(self, queue: str) -> dict[str, Any]:
+        """Deliver the oldest waiting message, or one delivered too long ago and not acked."""
+        queue_id = self._get_or_create(queue).id
+        try:
+            row = self.session.execute(
+                text(
+                    f"WITH picked AS (SELECT id, visible FROM {self.message_tablename}"
+                    " WHERE queue_id = :queue AND (visible OR timestamp < localtimestamp"
+                    " - make_interval(secs => :timeout)) ORDER BY id LIMIT 1"
+                    " FOR UPDATE SKIP LOCKED)"
+                    f" UPDATE {self.message_tablename} AS m SET visible = false,"
+                    " timestamp = localtimestamp FROM picked WHERE m.id = picked.id"
+                    " RETURNING m.id, m.payload, picked.visible"
+                ),
+                {"queue": queue_id, "timeout": self.visibility_timeout},
+            ).first()
+        finally:
+            self.session.commit()
+        if row is None:
+            raise Empty()
+        payload = loads(row.payload)
+        properties = payload.setdefault("properties", {})
+        properties[ROW] = row.id
+        if not row.visible:
+            properties.setdefault("delivery_info", {})["redelivered"] = True
+        return payload
+
+    def _acked(self, message: Any) -> None:
+        """Mark the delivered row acknowledged (``timestamp`` NULL): it is never redelivered.
+
+        On a pooled connection of its own, not the channel's session: Celery acknowledges from
+        other threads than the one polling, and a SQLAlchemy session is not thread-safe.
+        """
+        row = (getattr(message, "properties", None) or {}).get(ROW)
+        if row is None:
+            return
+        engine, _ = self._open()
+        with engine.begin() as connection:
+            connection.execute(
+                text(f"UPDATE {self.message_tablename} SET timestamp = NULL WHERE id = :id"),
+                {"id": row},
+            )
+
+    def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
+        self._acked(self.qos._delivered.get(delivery_tag))
+        super().basic_ack(delivery_tag, multiple)
+
+    def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        message = self.qos._delivered.get(delivery_tag)
+        super().basic_reject(delivery_tag, requeue)  # a requeue puts a new copy first
+        self._acked(message)
+
+    def _restore(self, message: Any) -> None:
+        """Put a copy back (a warm shutdown's unacked messages); the delivered row is done."""
+        super()._restore(message)
+        self._acked(message)
 
 
 class Transport(SQLTransport):
-    """kombu's SQL transport, polling every 0.1 s."""
+    """kombu's SQL transport, polling every 0.1 s, redelivering unacknowledged messages."""
 
+    Channel = Channel
     polling_interval = 0.1
 
 

@@ -63,6 +63,7 @@ def _log(task, label: str, phase: str) -> None:
             "retries": task.request.retries,
             "phase": phase,
             "pid": os.getpid(),
+            "pgid": os.getpgid(0),  # a worker's process group: its pool processes share it
             "at": time.time(),
         }
     )

@@ -113,7 +113,7 @@ def guard(request: Any, task_id: str) -> None:
             if exclusive:
                 liveness.unlock(key)
             raise
-    except (DatabaseError, InterfaceError, OSError, liveness.errors) as exc:
+    except (DatabaseError, InterfaceError, OSError, *liveness.errors) as exc:
         logger.error(
             "run %s: cannot reach the ledger (%s); message requeued in %.0fs",
             task_id, exc, RETRY_DELAY, extra={"action": "guard_requeue"},
@@ -179,10 +179,8 @@ class _Liveness:
         params.pop("cursor_factory", None)
         params.pop("context", None)
         idle = conf.tcp_keepalives_idle
-        conn = psycopg.connect(
-            **params, autocommit=True, keepalives=1, keepalives_idle=idle,
-            application_name="scheduling-guard",
-        )
+        params.update(keepalives=1, keepalives_idle=idle, application_name="scheduling-guard")
+        conn = psycopg.connect(**params, autocommit=True)
         conn.execute(
             "SELECT set_config('tcp_keepalives_idle', %s, false),"
             " set_config('tcp_keepalives_interval', %s, false)",

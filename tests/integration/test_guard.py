@@ -139,3 +139,24 @@ def test_the_execution_lock_is_freed_when_its_session_ends():
         guard.liveness.unlock(key)
     assert guard.liveness.try_lock(key) is True  # a fresh session, nothing held
     guard.liveness.close()
+
+
+def test_a_lock_session_ended_by_the_server_requeues_the_delivery(dispatched):
+    """Found by the chaos run: an error of the guard's own session raised TypeError, not Reject."""
+    from types import SimpleNamespace
+
+    from celery.exceptions import Reject
+
+    guard.liveness.try_lock(guard.lock_key("warm-up", 0))
+    pid = guard.liveness._conn.info.backend_pid
+    other = _other_session()
+    try:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+    request = SimpleNamespace(get={"retries": 0, "hostname": "w1@host"}.get)
+    with pytest.raises(Reject) as caught:
+        guard.guard(request, dispatched.task_id)
+    assert caught.value.requeue is True
+    assert counters(dispatched) == (Run.Status.DISPATCHED, 0, 0, 0)
+    guard.liveness.close()

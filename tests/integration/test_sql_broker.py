@@ -1,0 +1,58 @@
+"""The serviceless broker (``project.broker``) redelivers what a dead consumer never acknowledged.
+
+Found by the chaos run: stock kombu's SQL transport lost the messages a SIGKILLed worker had
+received (prefetched runs stayed dispatched for ever), and a first fix that served waiting
+messages before stale ones starved the redelivery under steady load.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from queue import Empty
+
+import pytest
+from kombu import Connection
+from kombu.transport.sqlalchemy import Channel as SQLChannel
+
+from project import embedded
+from tests.acceptance.deployment import test_database_url as database_url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _queue(name: str, timeout: float):
+    url = embedded.sql_broker_url(database_url())
+    conn = Connection(url, transport_options={"visibility_timeout": timeout})
+    return conn, conn.SimpleQueue(name)
+
+
+def test_unacknowledged_messages_are_redelivered_oldest_first_and_acked_ones_never():
+    name = f"q-{uuid.uuid4().hex[:8]}"
+    dead, dead_queue = _queue(name, 0.5)
+    live, queue = _queue(name, 0.5)
+    try:
+        dead_queue.put({"n": 1})
+        dead_queue.put({"n": 2})
+        lost = dead_queue.get(block=False)  # received, then its consumer dies: never acked
+        assert (lost.payload, lost.delivery_info.get("redelivered")) == ({"n": 1}, None)
+        second = queue.get(block=False)
+        assert second.payload == {"n": 2}
+        second.ack()
+        queue.put({"n": 3})  # waiting, while the lost one is past its visibility timeout
+        time.sleep(0.6)
+        again = queue.get(block=False)
+        assert (again.payload, again.delivery_info.get("redelivered")) == ({"n": 1}, True)
+        again.ack()
+        third = queue.get(block=False)
+        assert third.payload == {"n": 3}
+        third.ack()
+        time.sleep(0.6)
+        with pytest.raises(Empty):
+            queue.get(block=False)
+    finally:
+        for conn in (dead, live):
+            conn.release()
+        for engine, _ in SQLChannel._engines.values():  # kombu caches engines per URL
+            engine.dispose()
+        SQLChannel._engines.clear()
