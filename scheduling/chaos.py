@@ -11,7 +11,7 @@ queue of its own, and:
 2. creates ``--tasks`` periodic tasks named ``chaos-<id> ...`` running ``--task`` (default
    ``project.tasks.record``, which appends one JSON line per execution to the file named by
    ``SCHEDULING_EXECUTION_LOG``): 80 % every ``--every`` seconds (10), 10 % ``* * * * *``,
-   10 % clocked one-offs inside the window;
+   10 % clocked one-offs inside the window (these two kinds run 2 s each);
 3. for the window, at seeded random moments: SIGKILLs replicas and workers and restarts them,
    SIGSTOPs replicas for less and for more than ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT`` and
    workers for a few seconds, and ends replicas' database sessions with ``pg_terminate_backend``
@@ -50,7 +50,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 #: Bounds the tool gives its replicas unless the environment sets them (seconds).
-ENV_DEFAULTS = {"SCHEDULING_WORKER_LOST_AFTER": "10", "SCHEDULING_RECONCILE_INTERVAL": "5"}
+ENV_DEFAULTS = {
+    "SCHEDULING_WORKER_LOST_AFTER": "10",
+    "SCHEDULING_RECONCILE_INTERVAL": "5",
+    "CELERY_BROKER_VISIBILITY_TIMEOUT": "15",
+    "CELERY_BROKER_RESTORE_INTERVAL": "1",
+    "CELERY_BROKER_RESTORE_THROTTLE": "1",
+}
 UNFINISHED = ("pending", "dispatched", "running", "retrying")
 
 
@@ -94,6 +100,7 @@ class Report:
         "off-schedule runs",
         "executions of no run",
         "closed without a reason",
+        "processes that died on their own",
     )
 
     @property
@@ -152,6 +159,12 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
 
     rng = random.Random(options.seed)
     ident = f"chaos-{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    shout = say
+
+    def say(line: str) -> None:
+        shout(f"[{time.monotonic() - started:4.0f}s] {line}")
+
     workdir = options.workdir or Path(tempfile.mkdtemp(prefix=f"{ident}-"))
     env = {**{k: v for k, v in ENV_DEFAULTS.items() if k not in os.environ}, **options.env}
     procs = Processes(workdir / ident, queue=ident, app=options.app, cwd=options.cwd, env=env)
@@ -172,17 +185,22 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
         faults.run_for(options.seconds, options.fault_every)
         end = ledger.database_now()
         report.faults = faults.counts
+        for name in replicas + workers:
+            if not procs.alive(name):
+                report.breach("processes that died on their own", procs.tail(name, 5))
         settle = options.settle or (_float(env, "SCHEDULING_WORKER_LOST_AFTER", 60.0)
                                     + 2 * _float(env, "SCHEDULING_RECONCILE_INTERVAL", 60.0) + 60)
         say(f"{ident}: faults stopped; settling (giving up after {settle:g} s without progress)")
         _settle(ident, end, settle)
-        check(ident, planted, end, procs.executions(), report)
+        check(ident, planted, end, procs.executions(), report, faults.killed_groups)
     finally:
         procs.stop()
         if not options.keep:
-            _clean(ident)
+            _clean(ident, runs=report.ok)
             if options.workdir is None and report.ok:
                 shutil.rmtree(workdir, ignore_errors=True)
+        if not report.ok:
+            say(f"{ident}: logs kept in {procs.workdir}; runs kept in the ledger")
     return report
 
 
@@ -228,9 +246,10 @@ def _plant(ident: str, options: Options, rng: random.Random) -> list[Planted]:
         elif kind == "clocked":
             at = start + timedelta(seconds=rng.uniform(3, max(4, options.seconds - 3)))
             fields = {"clocked": ClockedSchedule.objects.create(clocked_time=at), "one_off": True}
+        # The rare ones run 2 s, so that killed workers are caught mid-run.
+        kwargs = {"label": name, "sleep": 0 if kind == "interval" else 2, "log_start": True}
         task = PeriodicTask.objects.create(
-            name=name, task=options.task, queue=ident, kwargs=json.dumps({"label": name}),
-            **fields,
+            name=name, task=options.task, queue=ident, kwargs=json.dumps(kwargs), **fields
         )
         first = slots.initial_run(task, task.date_changed, last_slot=None, grace=timedelta(0))
         planted.append(Planted(task.pk, kind, first))
@@ -250,6 +269,7 @@ class Faults:
         self.ident = ident
         self.idle = idle_timeout
         self.counts: Counter[str] = Counter()
+        self.killed_groups: set[int] = set()  # process groups of the workers SIGKILLed
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.busy: set[str] = set()  # dead or paused, with an undo timer pending
         self.spared = replicas[0]  # one replica is always left running
@@ -293,6 +313,8 @@ class Faults:
         kind, _, victims = self.rng.choices(choices, weights=[w for _, w, _ in choices])[0]
         victim = self.rng.choice(victims)
         if "SIGKILL" in kind:
+            if kind.startswith("worker"):
+                self.killed_groups.add(self.procs.processes[victim].pid)  # type: ignore
             self.procs.kill(victim)  # type: ignore[attr-defined]
             self._hold(victim, self.rng.uniform(0.5, 3.0), self.procs.restart)  # type: ignore
         elif "SIGSTOP" in kind:
@@ -357,7 +379,7 @@ def _settle(ident: str, end: datetime, stall: float) -> None:
 
 def check(
     ident: str, planted: list[Planted], end: datetime, executions: list[dict[str, object]],
-    report: Report,
+    report: Report, killed_groups: set[int] = frozenset(),  # type: ignore[assignment]
 ) -> Report:
     """Account for every slot of ``planted`` up to ``end`` (aware UTC) in ``report``.
 
@@ -366,6 +388,11 @@ def check(
     coalesced slot (inside a late run's ``slots``), or the closed status with its reason. Anything
     else is a breach (``Report.BREACHES``). Executions of slots after ``end`` only count towards
     duplicates and executions of no run.
+
+    A run executed again because the worker executing it was SIGKILLed (``killed_groups``, the
+    process groups of the killed workers, against each execution's ``pgid``) and its message was
+    redelivered is not a duplicate: that is the guard's rule (docs/semantics.md). Two executions
+    by workers that were not killed are.
     """
     from django_celery_beat.models import PeriodicTask
 
@@ -373,8 +400,9 @@ def check(
     from scheduling.models import Run
 
     executed = Counter(str(e["task_id"]) for e in executions)
+    survived = Counter(str(e["task_id"]) for e in executions if e.get("pgid") not in killed_groups)
     for task_id, n in executed.items():
-        if n > 1:
+        if survived[task_id] > 1:
             report.breach("duplicate executions", f"task id {task_id} executed {n} times")
     runs = list(
         Run.objects.filter(periodic_task_name__startswith=f"{ident} ").order_by("scheduled_for")
@@ -440,8 +468,10 @@ def _outcome(run: object, executed: Counter[str], report: Report) -> str:
     if status == "succeeded":
         if times == 0:
             report.breach("unaccounted slots", f"{run}: succeeded, not in the execution log")
+        if times > 1:
+            return "executed again: its worker was killed, the message redelivered"
         return "executed once" if run.slots == 1 else "executed once, coalescing a misfire"
-    if status == "failed" and times <= 1 and (reason or run.error):  # type: ignore
+    if status == "failed" and (reason or run.error):  # type: ignore[attr-defined]
         return f"failed: {reason or 'task error'}, executed {times}x"
     if status != "failed" and times == 0 and reason:
         return f"{status}: {reason.split(':')[0]}"
@@ -449,15 +479,16 @@ def _outcome(run: object, executed: Counter[str], report: Report) -> str:
     return f"{status} without a reason"
 
 
-def _clean(ident: str) -> None:
-    """Delete the run's periodic tasks, their clocked rows and their ledger rows."""
+def _clean(ident: str, runs: bool = True) -> None:
+    """Delete the run's periodic tasks, their clocked rows and (``runs``) their ledger rows."""
     from django_celery_beat.models import ClockedSchedule, PeriodicTask
 
     from scheduling.models import Run
 
     tasks = PeriodicTask.objects.filter(name__startswith=f"{ident} ")
     clocked = list(tasks.exclude(clocked=None).values_list("clocked_id", flat=True))
-    Run.objects.filter(periodic_task_name__startswith=f"{ident} ").delete()
+    if runs:
+        Run.objects.filter(periodic_task_name__startswith=f"{ident} ").delete()
     tasks.delete()
     ClockedSchedule.objects.filter(pk__in=clocked).delete()
 
