@@ -26,6 +26,7 @@ from kombu.transport.sqlalchemy import Channel as SQLChannel
 from kombu.transport.sqlalchemy import Transport as SQLTransport
 from kombu.utils.json import loads
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import IntegrityError
 
 ALIAS = "sqlpoll"
 #: Transport options this module reads; the others go to ``create_engine`` as kombu does.
@@ -51,6 +52,18 @@ class Channel(SQLChannel):
                          "interval_max", "retry_errors")
         }
         return create_engine(client.hostname, **options)
+
+    def _get_or_create(self, queue: str) -> Any:
+        """kombu's, but a queue row created meanwhile by another consumer is found, not fatal.
+
+        Stock kombu catches only OperationalError around the INSERT, so two workers starting at
+        once on a new queue could kill one of them with a unique violation.
+        """
+        try:
+            return super()._get_or_create(queue)
+        except IntegrityError:
+            self.session.rollback()
+            return super()._get_or_create(queue)
 
     def _get(self, queue: str) -> dict[str, Any]:
         """Deliver the oldest waiting message, or one delivered too long ago and not acked."""

@@ -48,6 +48,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduling.processes import Processes
 
 #: Bounds the tool gives its replicas unless the environment sets them (seconds).
 ENV_DEFAULTS = {
@@ -181,7 +185,7 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
         procs.wait_ready(timeout=120)
         planted = _plant(ident, options, rng)
         say(f"{ident}: {len(planted)} periodic tasks, faults for {options.seconds:g} s")
-        faults = Faults(procs, replicas, workers, rng, ident, _idle_timeout(env))
+        faults = Faults(procs, replicas, workers, rng, _idle_timeout(env))
         faults.run_for(options.seconds, options.fault_every)
         end = ledger.database_now()
         report.faults = faults.counts
@@ -260,13 +264,12 @@ class Faults:
     """Injects faults at seeded random moments and undoes them (SIGCONT, restart) on time."""
 
     def __init__(
-        self, procs: object, replicas: list[str], workers: list[str], rng: random.Random,
-        ident: str, idle_timeout: float,
+        self, procs: Processes, replicas: list[str], workers: list[str], rng: random.Random,
+        idle_timeout: float,
     ) -> None:
         self.procs = procs
         self.replicas, self.workers = replicas, workers
         self.rng = rng
-        self.ident = ident
         self.idle = idle_timeout
         self.counts: Counter[str] = Counter()
         self.killed_groups: set[int] = set()  # process groups of the workers SIGKILLed
@@ -314,9 +317,9 @@ class Faults:
         victim = self.rng.choice(victims)
         if "SIGKILL" in kind:
             if kind.startswith("worker"):
-                self.killed_groups.add(self.procs.processes[victim].pid)  # type: ignore
-            self.procs.kill(victim)  # type: ignore[attr-defined]
-            self._hold(victim, self.rng.uniform(0.5, 3.0), self.procs.restart)  # type: ignore
+                self.killed_groups.add(self.procs.processes[victim].pid)
+            self.procs.kill(victim)
+            self._hold(victim, self.rng.uniform(0.5, 3.0), self.procs.restart)
         elif "SIGSTOP" in kind:
             if kind.startswith("worker"):
                 pause = self.rng.uniform(0.5, 5.0)
@@ -324,8 +327,8 @@ class Faults:
                 pause = self.rng.uniform(0.3, 0.8 * self.idle)
             else:
                 pause = self.idle + self.rng.uniform(1.0, 5.0)
-            self.procs.send(victim, signal.SIGSTOP)  # type: ignore[attr-defined]
-            self._hold(victim, pause, lambda v: self.procs.send(v, signal.SIGCONT))  # type: ignore
+            self.procs.send(victim, signal.SIGSTOP)
+            self._hold(victim, pause, lambda v: self.procs.send(v, signal.SIGCONT))
         elif not self._terminate(victim):
             return
         self.counts[kind] += 1

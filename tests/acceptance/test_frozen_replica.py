@@ -21,7 +21,12 @@ from scheduling import ledger
 from scheduling.models import Run
 from tests.acceptance.deployment import Deployment, drain, wait_until
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+# The database's own bounds and locks are the point; the broker in use is incidental.
+pytestmark = [
+    pytest.mark.acceptance,
+    pytest.mark.once,
+    pytest.mark.django_db(transaction=True),
+]
 
 IDLE_TIMEOUT = 3.0
 FROZEN_FOR = 30.0

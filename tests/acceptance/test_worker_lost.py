@@ -16,7 +16,12 @@ from scheduling import ledger
 from scheduling.models import Run
 from tests.acceptance.deployment import Deployment, wait_until
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+# The database's own bounds and locks are the point; the broker in use is incidental.
+pytestmark = [
+    pytest.mark.acceptance,
+    pytest.mark.once,
+    pytest.mark.django_db(transaction=True),
+]
 
 LOST_AFTER = 3.0
 RECONCILE = 1.0

@@ -7,6 +7,7 @@ messages before stale ones starved the redelivery under steady load.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from queue import Empty
@@ -18,12 +19,24 @@ from kombu.transport.sqlalchemy import Channel as SQLChannel
 from project import embedded
 from tests.acceptance.deployment import test_database_url as database_url
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.once, pytest.mark.django_db(transaction=True)]  # always the SQL broker
+
+
+def _connection(timeout: float = 3600) -> Connection:
+    url = embedded.sql_broker_url(database_url())
+    return Connection(url, transport_options={"visibility_timeout": timeout})
+
+
+@pytest.fixture(autouse=True)
+def _dispose_engines():
+    yield
+    for engine, _ in SQLChannel._engines.values():  # kombu caches engines per URL
+        engine.dispose()
+    SQLChannel._engines.clear()
 
 
 def _queue(name: str, timeout: float):
-    url = embedded.sql_broker_url(database_url())
-    conn = Connection(url, transport_options={"visibility_timeout": timeout})
+    conn = _connection(timeout)
     return conn, conn.SimpleQueue(name)
 
 
@@ -52,7 +65,39 @@ def test_unacknowledged_messages_are_redelivered_oldest_first_and_acked_ones_nev
             queue.get(block=False)
     finally:
         for conn in (dead, live):
+            conn.default_channel.session.close()
             conn.release()
-        for engine, _ in SQLChannel._engines.values():  # kombu caches engines per URL
-            engine.dispose()
-        SQLChannel._engines.clear()
+
+
+def _declare(url: str, name: str, barrier, results) -> None:
+    SQLChannel._engines.clear()  # a forked child must not share the parent's sockets
+    conn = Connection(url)
+    channel = conn.default_channel
+    barrier.wait()
+    try:
+        results.put(channel._get_or_create(name).id)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        results.put(repr(exc))
+    finally:
+        channel.session.close()
+        conn.release()
+
+
+def test_consumers_declaring_one_new_queue_at_once_all_get_it():
+    """Found by the chaos run: two workers starting together, one died of a unique violation."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    name, url, count = f"q-{uuid.uuid4().hex[:8]}", embedded.sql_broker_url(database_url()), 8
+    barrier, results = context.Barrier(count), context.Queue()
+    for engine, _ in SQLChannel._engines.values():
+        engine.dispose()
+    children = [
+        context.Process(target=_declare, args=(url, name, barrier, results)) for _ in range(count)
+    ]
+    for child in children:
+        child.start()
+    found = [results.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(timeout=30)
+    assert len(set(found)) == 1 and isinstance(found[0], int), found
