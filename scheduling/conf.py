@@ -51,6 +51,19 @@ DEFAULTS: dict[str, _Setting] = {
         "Seconds a running run's execution lock must stay free (its worker died) before the "
         "reconcile pass closes it as failed, 'worker lost', unless a redelivery runs it again.",
     ),
+    "RETRY_BACKOFF_MAX": _Setting(
+        3.0,
+        "Longest wait between two attempts while the database or the broker is unreachable, in "
+        "seconds (each wait is drawn between half and all of its bound): a replica resumes "
+        "within about this long after an outage ends.",
+    ),
+    "BROKER_TIMEOUT": _Setting(
+        2.0,
+        "Connect and socket timeout of the scheduler's own broker connection (Redis, AMQP; "
+        "connect only for the SQL transport), in seconds: a publish to a dead or frozen broker "
+        "fails within about three times this (one reconnect), inside the claim's "
+        "idle-in-transaction bound.",
+    ),
     "REJECT_UNKNOWN_TASKS": _Setting(
         True, "Fail a run whose task name the beat process's Celery app does not know."
     ),
@@ -131,6 +144,14 @@ class Conf:
     @property
     def worker_lost_after(self) -> float:
         return float(self._get("WORKER_LOST_AFTER"))  # type: ignore[arg-type]
+
+    @property
+    def retry_backoff_max(self) -> float:
+        return float(self._get("RETRY_BACKOFF_MAX"))  # type: ignore[arg-type]
+
+    @property
+    def broker_timeout(self) -> float:
+        return float(self._get("BROKER_TIMEOUT"))  # type: ignore[arg-type]
 
     @property
     def reject_unknown_tasks(self) -> bool:

@@ -14,9 +14,10 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from functools import cached_property
 from typing import Any
 
 from celery import schedules
@@ -44,7 +45,11 @@ logger = logging.getLogger(__name__)
 
 _UNSEEN = object()
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
-_BACKOFF_CAP = 30.0
+_BACKOFF_BASE = 0.5
+#: One immediate retry of a publish (a stale pooled connection reconnects); each attempt is
+#: bounded by SCHEDULING_BROKER_TIMEOUT, so a dead broker fails the publish in seconds.
+_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0,
+                         "interval_max": 0}
 
 
 class LedgerScheduler(DatabaseScheduler):
@@ -66,6 +71,7 @@ class LedgerScheduler(DatabaseScheduler):
         self.heartbeat = Heartbeat(self.replica_id)
         self._prune = BuiltinPrune()
         self._lost = ledger.LostExecutions(conf.worker_lost_after)
+        self._published = False
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
@@ -100,6 +106,7 @@ class LedgerScheduler(DatabaseScheduler):
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Run one scheduler pass; return the seconds to sleep before the next."""
+        self._published = False
         try:
             delay = self._tick()
         except (OperationalError, InterfaceError) as exc:
@@ -113,7 +120,9 @@ class LedgerScheduler(DatabaseScheduler):
         except Exception as exc:  # noqa: BLE001 - a replica must outlive any one bad tick
             logger.exception("scheduler tick failed", extra={"action": "tick_failed"})
             return self._failed("tick", exc)
-        if self._failures:
+        # A tick that never reached the broker (nothing due, or every due run locked by another
+        # replica) proves nothing about it: the broker is back only once a publish succeeded.
+        if self._failures and (self._failing != "broker" or self._published):
             logger.warning(
                 "%s reachable again after %d failed ticks", self._failing, self._failures,
                 extra={"action": "recovered", "replica": self.replica_id},
@@ -174,6 +183,20 @@ class LedgerScheduler(DatabaseScheduler):
             )
         return self.producer
 
+    @cached_property
+    def connection(self) -> Any:
+        """The broker connection this replica publishes on, with bounded timeouts.
+
+        Connect and socket timeouts are ``SCHEDULING_BROKER_TIMEOUT`` seconds (for the transports
+        that have them: ``broker_timeout_options``), so a publish to a dead or frozen broker
+        raises within seconds instead of holding the claim until the server ends it.
+        """
+        timeout = conf.broker_timeout
+        driver = self.app.connection_for_write().get_transport_cls().driver_type
+        return self.app.connection_for_write(
+            connect_timeout=timeout, transport_options=broker_timeout_options(driver, timeout)
+        )
+
     def _publish(self, message: Message) -> None:
         if conf.reject_unknown_tasks and message.name not in self.app.tasks:
             raise RunRejected(f"unknown task name {message.name!r}: not registered in this app")
@@ -182,27 +205,30 @@ class LedgerScheduler(DatabaseScheduler):
             args=message.args,
             kwargs=message.kwargs,
             producer=self.producer,
+            retry=True,
+            retry_policy=_PUBLISH_RETRY_POLICY,
             **message.options,
         )
+        self._published = True
 
     def _failed(self, what: str, exc: Exception) -> float:
         """Log the first failure of an outage (not every tick) and return a capped backoff."""
         self._failures += 1
+        error = " ".join(str(exc).split()) or type(exc).__name__  # one line
         if self._failures == 1 or what != self._failing:
             logger.error(
-                "%s unavailable, retrying with backoff: %s", what, exc,
+                "%s unavailable, retrying with backoff: %s", what, error,
                 extra={"action": f"{what}_down", "replica": self.replica_id},
             )
         else:
-            logger.debug("%s still unavailable: %s", what, exc)
+            logger.debug("%s still unavailable: %s", what, error)
         self._failing = what
         if what == "database":
             try:
                 connection.close()
             except Exception:  # noqa: BLE001 - the connection is already broken
                 pass
-        backoff = min(_BACKOFF_CAP, 0.5 * 2 ** min(self._failures - 1, 6))
-        return backoff * (0.5 + random.random() / 2)
+        return retry_delay(self._failures, conf.retry_backoff_max)
 
     def _reset_producer(self) -> None:
         """Drop the broker connection so the next publish reconnects."""
@@ -217,6 +243,36 @@ class LedgerScheduler(DatabaseScheduler):
     @property
     def info(self) -> str:
         return f"    . replica -> {self.replica_id}\n    . run ledger -> scheduling.models.Run"
+
+
+def retry_delay(
+    failures: int, cap: float, draw: Callable[[], float] = random.random
+) -> float:
+    """Return the seconds to wait after the ``failures``-th failed tick in a row (1, 2, ...).
+
+    The bound doubles from 0.5 s per failure up to ``cap`` seconds
+    (``SCHEDULING_RETRY_BACKOFF_MAX``); the wait is drawn uniformly from its upper half
+    (``draw()`` in [0, 1)), so replicas that failed together do not retry in step, and none
+    waits less than half the bound: [0.25, 0.5), [0.5, 1), [1, 2), ... then [cap/2, cap).
+    """
+    bound = min(cap, _BACKOFF_BASE * 2 ** min(failures - 1, 30))
+    return bound * (0.5 + draw() / 2)
+
+
+def broker_timeout_options(driver_type: str, timeout: float) -> dict[str, Any]:
+    """Return kombu transport options bounding connect and socket waits to ``timeout`` seconds.
+
+    ``driver_type`` is the kombu transport's (``redis``, ``amqp``, ``sql``); other transports get
+    no options. The SQL transport passes them to SQLAlchemy's ``create_engine``: libpq's
+    ``connect_timeout`` (whole seconds, at least 2) and a ping before reusing a pooled connection.
+    """
+    if driver_type == "redis":
+        return {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    if driver_type == "amqp":
+        return {"read_timeout": timeout, "write_timeout": timeout}
+    if driver_type == "sql":
+        return {"connect_args": {"connect_timeout": max(2, round(timeout))}, "pool_pre_ping": True}
+    return {}
 
 
 @contextmanager

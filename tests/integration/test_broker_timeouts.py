@@ -1,0 +1,84 @@
+"""The scheduler's own broker connection fails fast when the broker freezes (no claim waits on it)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+from django.conf import settings
+from django.test import override_settings
+
+from scheduling import ledger
+from scheduling.models import Run
+from scheduling.schedulers import LedgerScheduler
+from tests.acceptance.deployment import broker_is_redis
+from tests.integration.conftest import make_due
+from tests.tcp_proxy import TcpProxy, proxied_broker_url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TIMEOUT = 1.0
+
+
+@pytest.fixture
+def proxied_app(monkeypatch):
+    """A Celery app whose broker URL goes through a TcpProxy; yields (app, proxy)."""
+    template, upstream = proxied_broker_url(settings.CELERY_BROKER_URL)
+    proxy = TcpProxy(upstream)
+    url = template.format(port=proxy.port)
+    monkeypatch.setenv("CELERY_BROKER_URL", url)  # Celery prefers it to the app's own
+    app = Celery("proxied", broker=url, set_as_current=False)
+    app.conf.task_default_queue = f"q-{uuid.uuid4().hex[:10]}"
+    try:
+        yield app, proxy
+    finally:
+        proxy.close()
+        if broker_is_redis():
+            import redis
+
+            redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(app.conf.task_default_queue)
+
+
+@pytest.mark.skipif(
+    not broker_is_redis(),
+    reason="kombu's SQL transport has no socket read timeout (psycopg has none): a frozen "
+    "SQL broker holds the publish until the claim's idle-in-transaction bound",
+)
+@override_settings(SCHEDULING_REJECT_UNKNOWN_TASKS=False, SCHEDULING_BROKER_TIMEOUT=TIMEOUT)
+def test_a_publish_to_a_frozen_broker_fails_within_the_broker_timeout(proxied_app, make_task):
+    app, proxy = proxied_app
+    start = ledger.database_now() - timedelta(seconds=0.5)
+    first = make_task(every=3600, start_time=start)
+    scheduler = LedgerScheduler(app=app)
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("scheduling.schedulers").addHandler(handler)
+    try:
+        for _ in range(3):
+            scheduler.tick()
+        assert Run.objects.get(periodic_task=first, scheduled_for=start).status == "dispatched"
+        assert proxy.connections >= 1  # the publish went through the proxy
+
+        second = make_task(every=3600)
+        run = make_due(second)
+        proxy.freeze()
+        began = time.monotonic()
+        delay = scheduler.tick()
+        elapsed = time.monotonic() - began
+        run.refresh_from_db()
+        assert run.status == Run.Status.PENDING
+        assert 0 < delay
+        proxy.thaw()
+    finally:
+        logging.getLogger("scheduling.schedulers").removeHandler(handler)
+    print(f"frozen publish failed after {elapsed:.2f} s")
+    assert elapsed < 4 * TIMEOUT + 1.0
+    assert [r for r in records if "unavailable" in r] == [
+        f"broker unavailable, retrying with backoff: cannot publish run {run.task_id}: "
+        "Timeout reading from socket"
+    ]
