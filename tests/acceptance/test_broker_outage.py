@@ -21,6 +21,7 @@ from django_celery_beat.models import PeriodicTask
 from scheduling import ledger
 from scheduling.models import Run, TaskPolicy
 from tests.acceptance.deployment import Deployment, drain, wait_until
+from tests.acceptance.outages import assert_misfire_policies
 from tests.tcp_proxy import TcpProxy, proxied_broker_url
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
@@ -34,15 +35,6 @@ ADOPTED = "adopted by the worker"
 
 def _rows(task: PeriodicTask) -> list[Run]:
     return list(Run.objects.filter(periodic_task=task).order_by("scheduled_for"))
-
-
-def _assert_whole_grid(rows: list[Run], first: object, every: timedelta) -> None:
-    """No slot twice and none left out, except the ones a coalesced run stands for."""
-    expected, slot = [], first
-    for row in rows:
-        expected.append(slot)
-        slot += row.slots * every  # type: ignore[operator]
-    assert [r.scheduled_for for r in rows] == expected
 
 
 def test_broker_cut_for_20_s_dispatches_nothing_meanwhile_and_everything_after(
@@ -67,7 +59,7 @@ def test_broker_cut_for_20_s_dispatches_nothing_meanwhile_and_everything_after(
                 misfire_grace_seconds=int(GRACE.total_seconds()),
             )
         # default policy (coalesce, 60 s grace): a 20 s outage is inside the grace
-        tasks["in_grace"] = make_task(every=2, start_time=start, name="broker-in-grace")
+        tasks["in_grace"] = make_task(every=1, start_time=start, name="broker-in-grace")
         wait_until(lambda: Run.objects.filter(status="succeeded").count() >= 8, timeout=30)
 
         cut = ledger.database_now()
@@ -124,32 +116,10 @@ def test_broker_cut_for_20_s_dispatches_nothing_meanwhile_and_everything_after(
     assert (resumed - restored).total_seconds() < RESUME_BOUND
 
     # Misfire policies, exact counts from the ledger.
-    coalesce, skip, in_grace = (_rows(tasks[k]) for k in ("coalesce", "skip", "in_grace"))
-    _assert_whole_grid(coalesce, start, EVERY)
-    late = [r for r in coalesce if r.lateness is not None and r.lateness > GRACE]
-    assert len(late) == 1  # one run stands for every slot the outage missed
-    (merged,) = late
-    assert merged.dispatched_at >= restored
-    missed_slots = int((merged.dispatched_at - merged.scheduled_for) / EVERY)
-    assert merged.slots == 1 + missed_slots >= OUTAGE_SECONDS - GRACE.total_seconds()
-    assert merged.reason == f"misfire: coalesced {merged.slots} slots"
-    assert [r for r in coalesce if r.status == Run.Status.MISSED] == []
-
-    _assert_whole_grid(skip, start, EVERY)
-    missed = [r for r in skip if r.status == Run.Status.MISSED]
-    assert [r for r in skip if r.lateness is not None and r.lateness > GRACE] == []
-    (claimed_at,) = {r.finished_at for r in missed}  # one claim recorded them all, after return
-    assert claimed_at >= restored
-    first_missed = missed[0].scheduled_for
-    assert len(missed) == 1 + int((claimed_at - GRACE - first_missed) / EVERY)
-    assert len(missed) >= OUTAGE_SECONDS - GRACE.total_seconds()
-    assert {r.reason.split(",")[0] for r in missed} == {"misfire: skip policy"}
-
-    _assert_whole_grid(in_grace, start, 2 * EVERY)
-    assert [r.slots for r in in_grace] == [1] * len(in_grace)
-    outage_slots = [r for r in in_grace if cut < r.scheduled_for < restored]
-    assert len(outage_slots) >= OUTAGE_SECONDS // 2 - 1
-    assert all(r.dispatched_at >= restored for r in outage_slots)
+    assert_misfire_policies(
+        {policy: _rows(task) for policy, task in tasks.items()},
+        start=start, every=EVERY, grace=GRACE, down=cut, up=restored,
+    )
 
     one_off.refresh_from_db()
     ((status, dispatched_at),) = Run.objects.filter(periodic_task=one_off).values_list(

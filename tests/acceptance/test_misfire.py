@@ -17,6 +17,7 @@ from django_celery_beat.models import PeriodicTask
 from scheduling import ledger
 from scheduling.models import Run, TaskPolicy
 from tests.acceptance.deployment import Deployment, drain, wait_until
+from tests.acceptance.outages import assert_whole_grid
 
 pytestmark = [
     pytest.mark.acceptance,
@@ -76,12 +77,7 @@ def test_c04_each_misfire_policy_after_all_replicas_were_down(deployment: Deploy
         rows = _rows(task)
         # the grid is whole: no slot twice, none left out except the ones a coalesce stands for
         assert rows[-1].status == Run.Status.PENDING, name
-        expected_slots = []
-        slot = start
-        for row in rows:
-            expected_slots.append(slot)
-            slot += row.slots * EVERY
-        assert [r.scheduled_for for r in rows] == expected_slots, name
+        assert_whole_grid(rows, start, EVERY)
         assert [r.status for r in rows if r.status in ("failed", "cancelled", "skipped")] == []
         late = [r for r in rows if r.dispatched_at is not None and r.lateness > GRACE]
         missed = [r for r in rows if r.status == Run.Status.MISSED]

@@ -1,0 +1,80 @@
+"""A PostgreSQL server of a test's own, which the test may stop and start (a database outage).
+
+The machine's PostgreSQL, and the embedded server the rest of the suite shares, must never be
+stopped; ``PrivatePostgres`` runs pgserver's bundled binaries on a fresh data folder under
+``SCHEDULING_DATA_DIR`` (``.data``), listening on a Unix socket only, whatever DATABASE_URL says.
+``stop()`` is pg_ctl's fast shutdown (open sessions are ended, as in a restart), ``start()``
+brings the same server back on the same socket; ``close()`` stops it and deletes the folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from project import embedded
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class PrivatePostgres:
+    """Start a PostgreSQL server on a new data folder; ``url`` is its ``postgres`` database."""
+
+    def __init__(self) -> None:
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        import pgserver
+
+        self.pgdata = embedded.data_dir() / f"private-pg-{uuid.uuid4().hex[:8]}"
+        server = pgserver.get_server(self.pgdata, cleanup_mode=None)  # initdb, then start
+        info = server.get_postmaster_info()
+        self._user = server.system_user  # 'pgserver' when root runs the tests
+        self._socket_dir = info.socket_dir
+        self.url = server.get_uri()
+
+    def _pg_ctl(self, *args: str) -> None:
+        from pgserver._commands import pg_ctl
+
+        pg_ctl(["-w", "-t", "30", *args], pgdata=self.pgdata, user=self._user)
+
+    def stop(self) -> None:
+        """Fast shutdown: sessions are rolled back and closed, new connections refused."""
+        self._pg_ctl("-m", "fast", "stop")
+
+    def start(self) -> None:
+        """Start the server again on the same socket; returns once it accepts connections."""
+        self._pg_ctl(
+            "-o", '-h ""', "-o", f"-k {self._socket_dir}", "-l", str(self.pgdata / "log"), "start"
+        )
+
+    def query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run one statement on a connection of its own; return the rows."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+
+    def manage(self, *args: str, timeout: float = 120) -> str:
+        """Run ``manage.py`` with DATABASE_URL on this server; return its output."""
+        env = {**os.environ, "DATABASE_URL": self.url}
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
+            text=True, timeout=timeout, check=False,
+        )
+        if done.returncode:
+            raise AssertionError(f"manage.py {' '.join(args)} failed:\n{done.stderr}")
+        return done.stdout
+
+    def close(self) -> None:
+        """Stop the server (if running) and delete its data folder."""
+        try:
+            self._pg_ctl("-m", "immediate", "stop")
+        except subprocess.CalledProcessError:
+            pass  # already stopped
+        shutil.rmtree(self.pgdata, ignore_errors=True)
+
