@@ -43,6 +43,8 @@ _ERROR_LIMIT = 2000
 #: Most missed slots recorded as rows of their own by one misfire; past it the last row's
 #: ``slots`` counts the rest.
 MISSED_ROWS_LIMIT = 1000
+#: Most slots one missed row stands for (``Run.slots`` is a PostgreSQL integer).
+_SLOTS_COLUMN_MAX = 2**31 - 1
 #: How long a definition change is looked at by reconcile passes (and kept): long enough for the
 #: editing transaction to have committed, so a plan made from the old definition is caught.
 CHANGE_RETENTION = timedelta(minutes=10)
@@ -84,6 +86,7 @@ class Dispatched:
     misfire: str = ""
     #: Slots that misfire covered: missed rows' slots, a coalesced run's slots, 1 caught up.
     misfired_slots: int = 0
+    reason: str = ""
 
 
 def configure_session(using: str = "default") -> None:
@@ -538,6 +541,7 @@ def claim_and_dispatch(
             task_id=run.task_id,
             trigger=run.trigger,
             **_misfire_outcome(run),
+            reason=run.reason,
         )
         for run in runs
     ]
@@ -553,6 +557,11 @@ def claim_and_dispatch(
                 "skipped %s (task id %s): the previous run is not finished",
                 item.periodic_task_name, item.task_id,
                 extra={"action": "skip", "replica": replica_id},
+            )
+        elif item.status == Run.Status.CANCELLED:
+            logger.info(
+                "cancelled %s (task id %s): %s", item.periodic_task_name, item.task_id,
+                item.reason, extra={"action": "cancel", "replica": replica_id},
             )
     return result
 
@@ -764,10 +773,11 @@ def _misfire(
       older ones are recorded ``missed`` like skip. The rule is stateless: each late run of the
       replay counts the missed slots after it, so the replay stops being late after the cap.
 
-    Past ``slots.MAX_COUNTED_SLOTS`` missed slots (a long outage of a frequent schedule), skip and
-    catch_up account for that many in one claim and plan the slot after them, still late, so the
-    next claims go on until every slot is accounted for (one row each, up to MISSED_ROWS_LIMIT
-    rows per claim, the last row's ``slots`` counting the rest).
+    An interval's missed slots are counted exactly by arithmetic, so years of a 1 s interval are
+    accounted for in one claim (MISSED_ROWS_LIMIT rows, the last one's ``slots`` counting the
+    rest). Other schedules are counted slot by slot: past ``slots.MAX_COUNTED_SLOTS`` missed
+    slots, skip and catch_up account for that many in one claim and plan the slot after them,
+    still late, so the next claims go on until every slot is accounted for.
 
     Raises ScheduleError when the schedule cannot produce the following slots.
     """
@@ -779,7 +789,9 @@ def _misfire(
     kind = TaskPolicy.Misfire.COALESCE if policy is None else policy.misfire_policy
     if kind == TaskPolicy.Misfire.CATCH_UP or kind == TaskPolicy.Misfire.SKIP:
         assert policy is not None
-        later, following = slots.slots_through(task, run.scheduled_for, now - grace)
+        later, following = slots.slots_through(
+            task, run.scheduled_for, now - grace, cap=_SLOTS_COLUMN_MAX - MISSED_ROWS_LIMIT
+        )
         limit = policy.catch_up_limit if kind == TaskPolicy.Misfire.CATCH_UP else 0
         if later < limit:  # among the most recent ``limit`` missed slots: dispatch it
             run.reason = f"misfire: caught up {lateness.total_seconds():.3f} s late"

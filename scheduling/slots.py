@@ -65,13 +65,14 @@ def next_run(task: PeriodicTask, after: datetime) -> datetime | None:
 
 
 def slots_through(
-    task: PeriodicTask, slot: datetime, until: datetime
+    task: PeriodicTask, slot: datetime, until: datetime, cap: int = MAX_COUNTED_SLOTS
 ) -> tuple[int, datetime | None]:
     """Count the slots of ``task`` in ``(slot, until]`` and return ``(count, first slot > until)``.
 
-    Used to coalesce a misfire: one dispatch stands for ``1 + count`` slots. Past
-    MAX_COUNTED_SLOTS the count stops there (a lower bound) and the next slot is computed from
-    ``until`` directly (for intervals the next slot is exact arithmetic whatever the count).
+    Used to coalesce a misfire: one dispatch stands for ``1 + count`` slots. An interval's count
+    is exact arithmetic, stopped at ``cap``; other schedules are counted slot by slot, and stop at
+    MAX_COUNTED_SLOTS whatever ``cap``. A stopped count is a lower bound, and the next slot is
+    computed from ``until`` directly (for intervals exact arithmetic whatever the count).
     """
     interval = _interval_step(task)
     if interval is not None and task.interval_id is not None:
@@ -87,7 +88,7 @@ def slots_through(
             raise ScheduleError(f"the next slot of {task.name!r} is out of range") from exc
         if task.expires is not None and following is not None and following >= task.expires:
             following = None
-        return min(count, MAX_COUNTED_SLOTS), following
+        return min(count, cap), following
     count = 0
     following = next_run(task, slot)
     while following is not None and following <= until:

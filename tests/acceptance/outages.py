@@ -13,7 +13,7 @@ from typing import Any
 
 
 def assert_whole_grid(rows: Sequence[Any], first: datetime, every: timedelta) -> None:
-    """Assert no slot appears twice and none is left out, except those a coalesced run stands for."""
+    """Assert no slot appears twice and none is missing, except those a coalesced run stands for."""
     expected, slot = [], first
     for row in rows:
         expected.append(slot)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
+from django.db import connections
 
 from scheduling import ledger, slots
 from scheduling.messages import Message
@@ -46,3 +51,35 @@ def make_due(task) -> Run:
     now = ledger.database_now()
     Run.objects.filter(pk=run.pk).update(scheduled_for=now, task_id=slots.task_id_for(task.pk, now))
     return Run.objects.get(pk=run.pk)
+
+
+@contextmanager
+def claim_in_flight(replica_id: str = "slow", pause: float = 1.5) -> Iterator[Recorder]:
+    """Run a claim in another thread (its own connection) that holds its transaction ``pause`` s.
+
+    Yields the claim's Recorder once it has published (the claim is then open, its rows locked);
+    on exit waits for the claim to end. ``recorder.outcome`` is then what the claim returned, or
+    the exception it raised.
+    """
+    recorder = Recorder()
+
+    def replica() -> None:
+        try:
+            recorder.outcome = ledger.claim_and_dispatch(  # type: ignore[attr-defined]
+                recorder, replica_id=replica_id, batch_size=10, grace=GRACE,
+                pause_after_publish=pause,
+            )
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            recorder.outcome = exc  # type: ignore[attr-defined]
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=replica)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not recorder.messages and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        yield recorder
+    finally:
+        thread.join(timeout=30)

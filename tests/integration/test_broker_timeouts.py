@@ -1,4 +1,4 @@
-"""The scheduler's own broker connection fails fast when the broker freezes (no claim waits on it)."""
+"""The scheduler's broker connection fails fast when the broker freezes: no claim waits on it."""
 
 from __future__ import annotations
 

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import ledger, slots
 from scheduling.models import Run
-from tests.integration.conftest import GRACE, Recorder, claim
+from tests.integration.conftest import GRACE, claim, claim_in_flight
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,30 +52,12 @@ def test_claim_transaction_holds_the_lock_until_it_commits(make_task, recorder):
     """A replica paused inside its claim keeps the run; a second replica gets nothing."""
     task = make_task(every=3600)
     run = _due_run(task)
-    first = Recorder()
-    done = threading.Event()
+    with claim_in_flight(replica_id="slow") as first:
+        assert first.task_ids == [run.task_id]
+        assert claim(recorder, replica_id="fast") == []
+        assert recorder.messages == []
 
-    def slow_replica() -> None:
-        try:
-            ledger.claim_and_dispatch(
-                first, replica_id="slow", batch_size=10, grace=GRACE, pause_after_publish=1.5
-            )
-        finally:
-            connections.close_all()
-            done.set()
-
-    thread = threading.Thread(target=slow_replica)
-    thread.start()
-    deadline = time.monotonic() + 5
-    while not first.messages and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert first.task_ids == [run.task_id]
-
-    assert claim(recorder, replica_id="fast") == []
-    assert recorder.messages == []
-
-    assert done.wait(10)
-    thread.join()
+    assert [d.task_id for d in first.outcome] == [run.task_id]
     run.refresh_from_db()
     assert (run.status, run.claimed_by) == (Run.Status.DISPATCHED, "slow")
     assert claim(recorder, replica_id="fast") == []

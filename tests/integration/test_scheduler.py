@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 
@@ -37,18 +38,25 @@ def test_tick_plans_dispatches_and_sleeps_at_most_one_second(make_task):
     assert nxt.scheduled_for == start + timedelta(hours=1)
 
 
-def test_unknown_task_name_fails_its_run_with_a_clear_error(make_task):
+def test_unknown_task_name_fails_its_run_with_a_clear_error(make_task, caplog):
     start = ledger.database_now() - timedelta(seconds=0.5)
-    unknown = make_task(every=3600, start_time=start, task="nowhere.tasks.missing")
+    unknown = make_task(every=3600, start_time=start, task="nowhere.tasks.missing", name="lost")
     known = make_task(every=3600, start_time=start)
     scheduler = _scheduler()
+    # Celery's Django fixup re-ran the logging configuration, which dropped caplog's handler
+    logging.getLogger().addHandler(caplog.handler)
     for _ in range(3):
         scheduler.tick()
 
     bad = Run.objects.get(periodic_task=unknown, scheduled_for=start)
-    assert bad.status == Run.Status.FAILED
-    assert bad.error == "unknown task name 'nowhere.tasks.missing': not registered in this app"
+    error = "unknown task name 'nowhere.tasks.missing': not registered in this app"
+    assert (bad.status, bad.reason, bad.error) == (
+        Run.Status.FAILED, "rejected before dispatch", error
+    )
+    assert f"run of 'lost' at {start} rejected: {error}" in caplog.messages
     assert Run.objects.get(periodic_task=known, scheduled_for=start).status == "dispatched"
+    # both keep their schedules
+    assert Run.objects.pending().filter(periodic_task__in=[unknown, known]).count() == 2
 
 
 def test_an_edit_is_picked_up_on_the_next_tick(make_task):
