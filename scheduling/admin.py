@@ -13,13 +13,17 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
 from django.urls import URLPattern, path
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django_celery_beat.admin import CrontabScheduleAdmin as BaseCrontabScheduleAdmin
 from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
+from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
-from scheduling import ledger, replicas, timeline
+from scheduling import ledger, replicas, slots, timeline
 from scheduling.conf import conf
-from scheduling.exceptions import SchedulingError
+from scheduling.exceptions import RunRejected, ScheduleError, SchedulingError
+from scheduling.messages import load_json
 from scheduling.models import Replica, Run, ScheduleHealth, TaskPolicy
 
 RECENT_RUNS = 10
@@ -99,10 +103,46 @@ class TaskPolicyInline(admin.StackedInline):
     verbose_name = "scheduling policy"
 
 
+class PeriodicTaskForm(BasePeriodicTaskForm):
+    """django-celery-beat's form, refusing at input what would only fail the task's runs later.
+
+    ``args`` must be a JSON list and ``kwargs`` and ``headers`` JSON objects (the rule of
+    ``messages.load_json``, with the same error text a run would get), and the Celery task name
+    must be registered in this app (unless ``SCHEDULING_REJECT_UNKNOWN_TASKS`` is off).
+    """
+
+    def _json(self, field: str) -> str:
+        value = self.cleaned_data[field]
+        try:
+            load_json(value, field)
+        except RunRejected as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return value
+
+    def clean_args(self) -> str:
+        return self._json("args")
+
+    def clean_kwargs(self) -> str:
+        return self._json("kwargs")
+
+    def clean_headers(self) -> str:
+        return self._json("headers")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        name = data.get("task")
+        app = PeriodicTaskAdmin.celery_app
+        app.loader.import_default_modules()  # the project's tasks, as a beat replica sees them
+        if name and conf.reject_unknown_tasks and name not in app.tasks:
+            self.add_error("task", f"unknown task name {name!r}: not registered in this app")
+        return data
+
+
 @admin.register(PeriodicTask)
 class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
     """django-celery-beat's periodic task admin, with recent runs and "Run now" via the ledger."""
 
+    form = PeriodicTaskForm
     inlines = [TaskPolicyInline]
     actions = (*BasePeriodicTaskAdmin.actions, "backfill_tasks")
 
@@ -270,3 +310,34 @@ class ScheduleHealthAdmin(ReadOnlyAdmin):
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/scheduling/schedule_health.html", context)
+
+
+_CRONTAB_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week", "timezone")
+
+
+class CrontabScheduleForm(forms.ModelForm):
+    """A crontab that never fires (day 31 of February, say) is refused at input."""
+
+    class Meta:
+        model = CrontabSchedule
+        fields = _CRONTAB_FIELDS
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if all(data.get(field) not in (None, "") for field in _CRONTAB_FIELDS):
+            candidate = CrontabSchedule(**{field: data[field] for field in _CRONTAB_FIELDS})
+            try:
+                slots.next_crontab(candidate, timezone.now())
+            except ScheduleError as exc:
+                raise forms.ValidationError(str(exc)) from exc
+        return data
+
+
+admin.site.unregister(CrontabSchedule)
+
+
+@admin.register(CrontabSchedule)
+class CrontabScheduleAdmin(BaseCrontabScheduleAdmin):
+    """django-celery-beat's crontab admin with ``CrontabScheduleForm``."""
+
+    form = CrontabScheduleForm

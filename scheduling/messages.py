@@ -40,9 +40,9 @@ def build_message(run: Any, task: PeriodicTask) -> Message:
 
     Raises RunRejected when args, kwargs or headers are not valid JSON of the right shape.
     """
-    args = _load_json(task.args, "[]", list, "args")
-    kwargs = _load_json(task.kwargs, "{}", dict, "kwargs")
-    headers = _load_json(task.headers, "{}", dict, "headers")
+    args = load_json(task.args, "args")
+    kwargs = load_json(task.kwargs, "kwargs")
+    headers = load_json(task.headers, "headers")
     headers.update(
         {
             HEADER_RUN: run.pk,
@@ -62,7 +62,19 @@ def build_message(run: Any, task: PeriodicTask) -> Message:
     return Message(name=task.task, args=args, kwargs=kwargs, options=options)
 
 
-def _load_json(raw: str | None, empty: str, kind: type, label: str) -> Any:
+#: The JSON shape of each periodic task field a message is built from, and its empty value.
+_SHAPES: dict[str, tuple[type, str]] = {
+    "args": (list, "[]"), "kwargs": (dict, "{}"), "headers": (dict, "{}")
+}
+
+
+def load_json(raw: str | None, label: str) -> Any:
+    """Parse a periodic task's ``args`` (a JSON list), ``kwargs`` or ``headers`` (JSON objects).
+
+    ``label`` is the field's name; an empty value is the empty list or object. Raises RunRejected
+    with the reason shown on the run (and in the admin form, which applies the same rule).
+    """
+    kind, empty = _SHAPES[label]
     try:
         value = json.loads(raw or empty)
     except (TypeError, ValueError) as exc:

@@ -1,0 +1,100 @@
+"""Admin forms refuse at input what would only fail runs later (issue 5, bad input)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.urls import reverse
+from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def admin_client_(client):
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+def _task_form(**fields: str) -> dict[str, str]:
+    interval, _ = IntervalSchedule.objects.get_or_create(every=60, period="seconds")
+    return {
+        "name": "nightly", "regtask": "", "task": "project.tasks.record", "enabled": "on",
+        "description": "", "interval": str(interval.pk), "crontab": "", "solar": "",
+        "clocked": "", "start_time_0": "", "start_time_1": "", "args": "[]", "kwargs": "{}",
+        "expires_0": "", "expires_1": "", "expire_seconds": "", "queue": "", "exchange": "",
+        "routing_key": "", "priority": "", "headers": "{}",
+        "scheduling_policy-TOTAL_FORMS": "0", "scheduling_policy-INITIAL_FORMS": "0",
+        "scheduling_policy-MIN_NUM_FORMS": "0", "scheduling_policy-MAX_NUM_FORMS": "1",
+        **fields,
+    }
+
+
+def _add_task(client, **fields: str):
+    return client.post(reverse("admin:django_celery_beat_periodictask_add"), _task_form(**fields))
+
+
+def test_a_valid_periodic_task_is_saved(admin_client_):
+    response = _add_task(admin_client_, args="[1]", kwargs='{"a": 1}', headers='{"h": "v"}')
+    assert response.status_code == 302
+    assert list(PeriodicTask.objects.values_list("name", "args")) == [("nightly", "[1]")]
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"args": "[1, 2"}, "invalid args JSON: Expecting &#x27;,&#x27; delimiter: line 1 column 6"),
+        ({"args": '{"a": 1}'}, "args must be a JSON list, got dict"),
+        ({"kwargs": "{'a': 1}"}, "invalid kwargs JSON: Expecting property name enclosed in double"),
+        ({"kwargs": "[1]"}, "kwargs must be a JSON dict, got list"),
+        ({"headers": "not json"}, "invalid headers JSON: Expecting value: line 1 column 1"),
+        ({"headers": "[]"}, "headers must be a JSON dict, got list"),
+        (
+            {"task": "nowhere.tasks.missing"},
+            "unknown task name &#x27;nowhere.tasks.missing&#x27;: not registered in this app",
+        ),
+    ],
+)
+def test_a_periodic_task_that_would_fail_its_runs_is_refused(admin_client_, fields, error):
+    response = _add_task(admin_client_, **fields)
+    assert response.status_code == 200  # the form again, with the error
+    assert error in response.content.decode()
+    assert PeriodicTask.objects.count() == 0
+
+
+# the schedule admins' inline of periodic tasks, empty
+_NO_INLINE_TASKS = {
+    f"periodictask_set-{n}": "0" for n in ("TOTAL_FORMS", "INITIAL_FORMS", "MIN_NUM_FORMS",
+                                           "MAX_NUM_FORMS")
+}
+
+
+def _crontab_form(**fields: str) -> dict[str, str]:
+    return {
+        "minute": "0", "hour": "0", "day_of_month": "*", "month_of_year": "*",
+        "day_of_week": "*", "timezone": "UTC", **_NO_INLINE_TASKS, **fields,
+    }
+
+
+def test_a_crontab_that_never_fires_is_refused_and_a_rare_one_is_saved(admin_client_):
+    url = reverse("admin:django_celery_beat_crontabschedule_add")
+    never = admin_client_.post(url, _crontab_form(day_of_month="31", month_of_year="2"))
+    assert never.status_code == 200
+    assert (
+        "invalid crontab 0 0 31 2 *: Invalid crontab: day_of_month &#x27;31&#x27; never occurs"
+        " in month_of_year &#x27;2&#x27;." in never.content.decode()
+    )
+    assert CrontabSchedule.objects.count() == 0
+    # 29 February on a Monday: years apart, but it comes
+    rare = admin_client_.post(url, _crontab_form(day_of_month="29", month_of_year="2",
+                                                 day_of_week="1"))
+    assert rare.status_code == 302
+    assert CrontabSchedule.objects.count() == 1
+
+
+def test_an_interval_of_zero_is_refused(admin_client_):
+    url = reverse("admin:django_celery_beat_intervalschedule_add")
+    response = admin_client_.post(url, {"every": "0", "period": "seconds", **_NO_INLINE_TASKS})
+    assert response.status_code == 200
+    assert "Ensure this value is greater than or equal to 1." in response.content.decode()
+    assert IntervalSchedule.objects.count() == 0
