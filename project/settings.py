@@ -3,7 +3,8 @@
 - ``DATABASE_URL``: PostgreSQL; unset means the embedded server (``project.embedded``).
 - ``CELERY_BROKER_URL``: Redis or RabbitMQ; unset means kombu's SQL transport on the database.
 - ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG`` (off unless "1"/"true"), ``DJANGO_ALLOWED_HOSTS``
-  (comma separated).
+  (comma separated); HTTPS: ``DJANGO_HTTPS``, ``DJANGO_HSTS_SECONDS``,
+  ``DJANGO_HSTS_INCLUDE_SUBDOMAINS``, ``DJANGO_HSTS_PRELOAD``, ``DJANGO_TRUST_X_FORWARDED_PROTO``.
 """
 
 from __future__ import annotations
@@ -22,13 +23,24 @@ def _flag(name: str, default: bool = False) -> bool:
 
 
 DEBUG = _flag("DJANGO_DEBUG")
+# Secrets come only from the environment. Unset, a fixed demo key is used, and its prefix makes
+# `manage.py check --deploy` report it (security.W009).
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (
-    "insecure-demo-key-set-DJANGO_SECRET_KEY-in-production"
+    "django-insecure-demo-key-set-DJANGO_SECRET_KEY-in-production"
 )
 ALLOWED_HOSTS = [
     h.strip() for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
     if h.strip()
 ]
+
+# HTTPS: off by default so the demo and the tests work over plain HTTP; a deployment served
+# over HTTPS turns them on (`manage.py check --deploy` reports what is left off).
+SECURE_SSL_REDIRECT = SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _flag("DJANGO_HTTPS")
+SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS") or 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("DJANGO_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = _flag("DJANGO_HSTS_PRELOAD")
+if _flag("DJANGO_TRUST_X_FORWARDED_PROTO"):  # only behind a proxy that sets this header itself
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -43,11 +43,21 @@ def test_a_valid_periodic_task_is_saved(admin_client_):
 @pytest.mark.parametrize(
     ("fields", "error"),
     [
-        ({"args": "[1, 2"}, "invalid args JSON: Expecting &#x27;,&#x27; delimiter: line 1 column 6"),
+        (
+            {"args": "[1, 2"},
+            "invalid args JSON: Expecting &#x27;,&#x27; delimiter: line 1 column 6 (char 5)",
+        ),
         ({"args": '{"a": 1}'}, "args must be a JSON list, got dict"),
-        ({"kwargs": "{'a': 1}"}, "invalid kwargs JSON: Expecting property name enclosed in double"),
+        (
+            {"kwargs": "{'a': 1}"},
+            "invalid kwargs JSON: Expecting property name enclosed in double quotes: line 1"
+            " column 2 (char 1)",
+        ),
         ({"kwargs": "[1]"}, "kwargs must be a JSON dict, got list"),
-        ({"headers": "not json"}, "invalid headers JSON: Expecting value: line 1 column 1"),
+        (
+            {"headers": "not json"},
+            "invalid headers JSON: Expecting value: line 1 column 1 (char 0)",
+        ),
         ({"headers": "[]"}, "headers must be a JSON dict, got list"),
         (
             {"task": "nowhere.tasks.missing"},
