@@ -17,7 +17,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("scheduling", "0005_schedule_change"),
+        ("scheduling", "0007_replica_and_health"),
     ]
 
     operations = [
