@@ -7,7 +7,8 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# through the test client: the same on any database or broker
+pytestmark = [pytest.mark.once, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

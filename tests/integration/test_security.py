@@ -19,6 +19,9 @@ from tests.conftest import utc
 from tests.integration.conftest import claim
 
 ROOT = Path(__file__).resolve().parents[2]
+# settings, admin pages through the test client, a linter: the same on any database or broker
+pytestmark = pytest.mark.once
+
 PRODUCTION = {
     "DJANGO_DEBUG": "0",
     "DJANGO_ALLOWED_HOSTS": "scheduler.example.com",
@@ -37,7 +40,6 @@ def _check_deploy(**env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.once
 def test_production_settings_pass_check_deploy_with_no_warning():
     done = _check_deploy(**PRODUCTION, DJANGO_SECRET_KEY=secrets.token_urlsafe(50))
     assert (done.returncode, done.stdout.strip()) == (
@@ -45,7 +47,6 @@ def test_production_settings_pass_check_deploy_with_no_warning():
     ), done.stderr
 
 
-@pytest.mark.once
 def test_check_deploy_reports_the_demo_key_debug_and_plain_http():
     done = _check_deploy(DJANGO_DEBUG="1")  # no secret key, no HTTPS settings
     assert done.returncode == 1
@@ -59,7 +60,6 @@ def test_check_deploy_reports_the_demo_key_debug_and_plain_http():
     ]
 
 
-@pytest.mark.once
 def test_no_sql_is_built_by_string_formatting(tmp_path):
     """ruff's S608 (SQL built by f-string, %, + or .format) over the app and the project."""
     ruff = [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select", "S608"]
