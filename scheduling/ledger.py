@@ -22,6 +22,7 @@ from django.db.models import DateTimeField, Exists, F, Func, OuterRef, Q, QueryS
 from django.db.models import Case, IntegerField, TextField, Value, When, Window
 from django.db.models.functions import RowNumber
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
+from psycopg import sql
 
 from scheduling import slots
 from scheduling.conf import conf
@@ -1380,7 +1381,7 @@ def record_not_executed(task_id: str, status: str, reason: str, error: str = "",
 #: The runs a prune plan deletes (parameters: final, cutoff, keep, names, slots, ids). A task's
 #: kept runs are its ``keep`` most recent finished runs: those at or after (slot, id) of the
 #: keep-th one; a task without such a row (fewer finished runs) keeps them all.
-_PRUNABLE = (
+_PRUNABLE = sql.SQL(
     " FROM scheduling_run r"
     " LEFT JOIN unnest(%(names)s::text[], %(slots)s::timestamptz[], %(ids)s::bigint[])"
     " AS k(name, slot, id) ON k.name = r.periodic_task_name"
@@ -1443,7 +1444,9 @@ def prune_counts(plan: PrunePlan, using: str = "default") -> dict[str, int]:
     """Return how many runs ``plan`` deletes now, per status (what a dry run reports)."""
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f"SELECT r.status, count(*){_PRUNABLE} GROUP BY r.status ORDER BY r.status",
+            sql.SQL("SELECT r.status, count(*){} GROUP BY r.status ORDER BY r.status").format(
+                _PRUNABLE
+            ),
             plan.params(),
         )
         return dict(cursor.fetchall())
@@ -1460,9 +1463,11 @@ def prune_batch(
     """
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM scheduling_run WHERE id IN (SELECT r.id{_PRUNABLE}"
-            " AND r.id > %(after)s ORDER BY r.id LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED)"
-            " RETURNING id, status",
+            sql.SQL(
+                "DELETE FROM scheduling_run WHERE id IN (SELECT r.id{}"
+                " AND r.id > %(after)s ORDER BY r.id LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED)"
+                " RETURNING id, status"
+            ).format(_PRUNABLE),
             {**plan.params(), "after": after_id, "limit": batch_size},
         )
         rows = cursor.fetchall()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import secrets
@@ -58,6 +59,40 @@ def test_check_deploy_reports_the_demo_key_debug_and_plain_http():
         "W016",  # CSRF cookie not secure
         "W018",  # DEBUG on
     ]
+
+
+_EXECUTE = {"execute", "executemany", "raw", "RawSQL", "extra"}
+
+
+def _formatted_sql(node: ast.AST) -> bool:
+    """Whether an expression builds a string: an f-string, ``%`` or ``+`` on strings, .format."""
+    if isinstance(node, ast.JoinedStr):
+        return True
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.Add)):
+        return True
+    return (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "format" and isinstance(node.func.value, ast.Constant)
+    )
+
+
+def test_no_execute_gets_a_formatted_string():
+    """Every execute(...) in scheduling/ and project/ gets a literal (or psycopg.sql) query."""
+    found = []
+    for path in sorted([*ROOT.glob("scheduling/**/*.py"), *ROOT.glob("project/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            if name in _EXECUTE and _formatted_sql(node.args[0]):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+    # the check is live: each way of formatting is caught
+    canary = ast.parse('c.execute(f"{x}"); c.execute("%s" % x); c.execute("a" + x);'
+                       ' c.execute("{}".format(x)); c.execute("SELECT 1", [x])')
+    calls = [n for n in ast.walk(canary) if isinstance(n, ast.Call) and n.args
+             and getattr(n.func, "attr", "") == "execute"]
+    assert [_formatted_sql(c.args[0]) for c in calls] == [True, True, True, True, False]
 
 
 def test_no_sql_is_built_by_string_formatting(tmp_path):
