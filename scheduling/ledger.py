@@ -1161,9 +1161,11 @@ def record_started(task_id: str, worker: str, using: str = "default") -> bool:
             "worker": worker[:255],
         }
         adopted = run.status == Run.Status.PENDING
-        if adopted:
+        if adopted:  # one clock read: started and dispatched at the same instant
+            now = database_now(using)
             fields.update(
-                dispatched_at=ClockTimestamp(),
+                started_at=now,
+                dispatched_at=now,
                 reason="adopted by the worker: the publishing replica's claim did not commit",
             )
         Run.objects.using(using).filter(pk=run.pk).update(**fields)
@@ -1275,8 +1277,9 @@ def begin_execution(
             "executions": F("executions") + 1,
         }
         adopted = run.status == Run.Status.PENDING
-        if adopted:
-            fields.update(dispatched_at=ClockTimestamp(), reason=reason)
+        if adopted:  # one clock read: started and dispatched at the same instant
+            now = database_now(using)
+            fields.update(started_at=now, dispatched_at=now, reason=reason)
         elif run.status == Run.Status.RUNNING and retries == run.retries:
             fields["reason"] = reason
         Run.objects.using(using).filter(pk=run.pk).update(**fields)
