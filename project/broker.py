@@ -66,16 +66,22 @@ class Channel(SQLChannel):
             return super()._get_or_create(queue)
 
     def _get(self, queue: str) -> dict[str, Any]:
-        """Deliver the oldest waiting message, or one delivered too long ago and not acked."""
+        """Deliver the oldest waiting message, or one delivered too long ago and not acked.
+
+        The SQL names kombu's default message table as a literal (no SQL is built from strings);
+        the ``message_tablename`` transport option is not supported.
+        """
+        if self.message_tablename != "kombu_message":
+            raise NotImplementedError("the sqlpoll transport uses the table kombu_message only")
         queue_id = self._get_or_create(queue).id
         try:
             row = self.session.execute(
                 text(
-                    f"WITH picked AS (SELECT id, visible FROM {self.message_tablename}"
+                    "WITH picked AS (SELECT id, visible FROM kombu_message"
                     " WHERE queue_id = :queue AND (visible OR timestamp < localtimestamp"
                     " - make_interval(secs => :timeout)) ORDER BY id LIMIT 1"
                     " FOR UPDATE SKIP LOCKED)"
-                    f" UPDATE {self.message_tablename} AS m SET visible = false,"
+                    " UPDATE kombu_message AS m SET visible = false,"
                     " timestamp = localtimestamp FROM picked WHERE m.id = picked.id"
                     " RETURNING m.id, m.payload, picked.visible"
                 ),
@@ -104,7 +110,7 @@ class Channel(SQLChannel):
         engine, _ = self._open()
         with engine.begin() as connection:
             connection.execute(
-                text(f"UPDATE {self.message_tablename} SET timestamp = NULL WHERE id = :id"),
+                text("UPDATE kombu_message SET timestamp = NULL WHERE id = :id"),
                 {"id": row},
             )
 

@@ -1052,12 +1052,12 @@ LATE_OUTCOME = "outcome recorded after the run was closed as worker lost"
 # The advisory lock keys held right now in this database, as the signed 64-bit keys
 # ``pg_advisory_lock(bigint)`` was given (pg_locks splits them into classid/objid, objsubid 1),
 # and the key of a run's current attempt: ``scheduling.guard.lock_key`` hashed as the guard does.
-_HELD_LOCKS = (
+_HELD_LOCKS = sql.SQL(
     "held AS MATERIALIZED (SELECT (l.classid::bigint << 32) | l.objid::bigint AS key"
     " FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted"
     " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
 )
-_LOCK_FREE = (
+_LOCK_FREE = sql.SQL(
     "NOT EXISTS (SELECT 1 FROM held WHERE held.key ="
     " hashtextextended('scheduling.run:' || r.task_id || ':' || r.retries, 0))"
 )
@@ -1094,9 +1094,11 @@ def close_lost_executions(lost: LostExecutions, using: str = "default") -> list[
     """
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f"WITH {_HELD_LOCKS} SELECT r.id, r.executions, clock_timestamp()"
-            f" FROM scheduling_run r WHERE r.status = 'running' AND r.executions > 0"
-            f" AND {_LOCK_FREE}"
+            sql.SQL(
+                "WITH {held} SELECT r.id, r.executions, clock_timestamp()"
+                " FROM scheduling_run r WHERE r.status = 'running' AND r.executions > 0"
+                " AND {free}"
+            ).format(held=_HELD_LOCKS, free=_LOCK_FREE)
         )
         rows = cursor.fetchall()
     if not rows:
@@ -1115,11 +1117,13 @@ def close_lost_executions(lost: LostExecutions, using: str = "default") -> list[
     )
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f"WITH {_HELD_LOCKS} UPDATE scheduling_run AS r SET status = 'failed', reason = %s,"
-            f" error = %s, finished_at = clock_timestamp()"
-            f" FROM unnest(%s::bigint[], %s::integer[]) AS v(id, executions)"
-            f" WHERE r.id = v.id AND r.executions = v.executions AND r.status = 'running'"
-            f" AND {_LOCK_FREE} RETURNING r.id, r.executions, r.task_id, r.periodic_task_name",
+            sql.SQL(
+                "WITH {held} UPDATE scheduling_run AS r SET status = 'failed', reason = %s,"
+                " error = %s, finished_at = clock_timestamp()"
+                " FROM unnest(%s::bigint[], %s::integer[]) AS v(id, executions)"
+                " WHERE r.id = v.id AND r.executions = v.executions AND r.status = 'running'"
+                " AND {free} RETURNING r.id, r.executions, r.task_id, r.periodic_task_name"
+            ).format(held=_HELD_LOCKS, free=_LOCK_FREE),
             [WORKER_LOST, error, [pk for pk, _ in due], [n for _, n in due]],
         )
         closed = cursor.fetchall()
