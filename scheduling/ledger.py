@@ -135,12 +135,15 @@ def poll(using: str = "default") -> Poll:
     """Return the database clock, the earliest pending run's slot and the edit marker, in one query.
 
     This is the whole cost of an idle tick, whatever the number of periodic tasks: the earliest
-    pending run comes from the partial index on pending runs.
+    pending run is the first entry of the partial index on pending runs (``ORDER BY ... LIMIT 1``
+    reads one entry whatever the table's statistics say; ``min()`` may be planned as a scan of
+    the whole index while the statistics are stale).
     """
     with connections[using].cursor() as cursor:
         cursor.execute(
             "SELECT clock_timestamp(),"
-            " (SELECT min(scheduled_for) FROM scheduling_run WHERE status = 'pending'),"
+            " (SELECT scheduled_for FROM scheduling_run WHERE status = 'pending'"
+            "  ORDER BY scheduled_for LIMIT 1),"
             " (SELECT last_update FROM django_celery_beat_periodictasks WHERE ident = 1)"
         )
         now, next_due, marker = cursor.fetchone()
