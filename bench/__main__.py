@@ -103,7 +103,15 @@ def _document(rows, plans, setting, command, duration, load_before, load_after) 
         "",
         table(rows),
         "",
+        "## Targets not met",
+        "",
+        *([f"- {r.scenario}: {r.measure}: {r.ours} (target {r.target})" for r in rows
+           if r.met is False] or ["None."]),
+        "",
         "## Query plans with the historical runs in the ledger",
+        "",
+        "`EXPLAIN (ANALYZE, BUFFERS)` of the claim query (100 runs due) and of the poll query",
+        "(one per idle tick), as the scheduler sends them.",
         "",
     ]
     for name, plan in plans.items():
