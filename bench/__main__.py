@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated scenarios to run (development): idle, burst, memory,"
                         " lateness_and_storm, failover, history")
     args = parser.parse_args(argv)
-    command = "python -m bench" + (" --quick" if args.quick else "")
+    command = _command(args.quick)
     load_before = env.load_average()
     started = time.monotonic()
 
@@ -74,6 +76,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _command(quick: bool) -> str:
+    """The command line, with the environment that chose the database and broker (no secrets)."""
+    from urllib.parse import urlsplit
+
+    parts = []
+    for name in ("DATABASE_URL", "CELERY_BROKER_URL"):
+        value = os.environ.get(name)
+        if value:
+            url = urlsplit(value)
+            if url.password:
+                value = value.replace(f":{url.password}@", ":***@", 1)
+            parts.append(f"{name}={shlex.quote(value)}")
+    return " ".join([*parts, "python -m bench", *(["--quick"] if quick else [])])
+
+
+def _commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "scheduling", "bench"],
+                               cwd=ROOT, text=True, capture_output=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (with uncommitted changes)" if dirty else "")
+
+
 def _document(rows, plans, setting, command, duration, load_before, load_after) -> str:
     machine = setting["machine"]
     lines = [
@@ -87,10 +115,10 @@ def _document(rows, plans, setting, command, duration, load_before, load_after) 
         "## Command",
         "",
         "```sh",
-        shlex.join(command.split()),
+        command,
         "```",
         "",
-        f"It took {duration / 60:.1f} minutes.",
+        f"At commit {_commit()}; it took {duration / 60:.1f} minutes.",
         "",
         "## Machine",
         "",
