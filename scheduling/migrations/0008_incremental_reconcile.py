@@ -39,7 +39,7 @@ CREATE TRIGGER scheduling_task_inserted AFTER INSERT ON django_celery_beat_perio
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("scheduling", "0005_schedule_change"),
+        ("scheduling", "0007_replica_and_health"),
     ]
 
     operations = [
