@@ -1,9 +1,9 @@
 """Incremental reconcile: a created task is named in the change log; indexes for 10M-row ledgers.
 
-The insert trigger now also writes a ScheduleChange row ('unplanned') per created task, so a reconcile pass
-plans new tasks from the change log instead of checking every task. The partial index on pending
-runs whose task was deleted keeps that check of each pass to the orphans themselves; the
-pending-runs index follows the claim's order (scheduled_for, id).
+The insert trigger now also writes a ScheduleChange row ('unplanned') per created task, so a
+reconcile pass plans new tasks from the change log instead of checking every task. The partial
+index on pending runs whose task was deleted keeps that check of each pass to the orphans
+themselves; the pending-runs index follows the claim's order (scheduled_for, id).
 """
 
 from django.db import migrations, models

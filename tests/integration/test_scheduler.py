@@ -174,5 +174,6 @@ def test_concurrent_beat_schedule_syncs_create_each_task_and_schedule_row_once()
     assert sorted(CrontabSchedule.objects.values_list("minute", flat=True)) == ["1", "3"]
     # no task was updated after its creation; each creation is logged once, to be planned
     assert sorted(ScheduleChange.objects.values_list("kind", "object_id")) == sorted(
-        (ScheduleChange.Kind.UNPLANNED, pk) for pk in PeriodicTask.objects.values_list("pk", flat=True)
+        (ScheduleChange.Kind.UNPLANNED, pk)
+        for pk in PeriodicTask.objects.values_list("pk", flat=True)
     )
