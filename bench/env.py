@@ -104,9 +104,18 @@ class Broker:
         return None
 
     def delete(self, queue: str) -> None:
-        """Drop every message of ``queue`` and the queue itself."""
+        """Drop every message of ``queue``, the queue itself and, on Redis, its bindings.
+
+        Celery binds each queue to a direct exchange of the same name; kombu keeps that binding
+        in ``_kombu.binding.<exchange>`` keys, which deleting the queue from another channel
+        leaves behind.
+        """
         self.channel.queue_purge(queue)
         self.channel.queue_delete(queue)
+        if self.kind == "redis":
+            client = self.channel.client
+            for key in (f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"):
+                client.delete(key)
 
     def close(self) -> None:
         self.connection.release()
