@@ -33,6 +33,11 @@ DEFAULTS: dict[str, _Setting] = {
     "RECONCILE_INTERVAL": _Setting(
         60.0, "Seconds between full reconcile passes, besides the ones triggered by edits."
     ),
+    "FULL_RECONCILE_INTERVAL": _Setting(
+        3600.0,
+        "Seconds between reconcile passes that check every periodic task (a safety net; the "
+        "other passes look only at what the change log names).",
+    ),
     "OVERLAP_STALE_SECONDS": _Setting(
         3600.0,
         "Overlap policy skip: an unfinished run dispatched longer ago than this (seconds) no "
@@ -124,6 +129,10 @@ class Conf:
     @property
     def reconcile_interval(self) -> float:
         return float(self._get("RECONCILE_INTERVAL"))  # type: ignore[arg-type]
+
+    @property
+    def full_reconcile_interval(self) -> float:
+        return float(self._get("FULL_RECONCILE_INTERVAL"))  # type: ignore[arg-type]
 
     @property
     def overlap_stale_seconds(self) -> float:

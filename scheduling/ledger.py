@@ -58,6 +58,18 @@ class ClockTimestamp(Func):
     output_field = DateTimeField()
 
 
+class StatementTimestamp(Func):
+    """PostgreSQL's ``statement_timestamp()``: the database clock when the statement started.
+
+    Unlike ``clock_timestamp()`` it is stable within a statement, so a comparison with it is an
+    index condition: the claim's scan of the pending-runs index stops at the first run not due,
+    instead of reading every pending run and filtering each.
+    """
+
+    template = "statement_timestamp()"
+    output_field = DateTimeField()
+
+
 @dataclass(frozen=True)
 class Poll:
     """One look at the ledger: the database clock, the earliest pending run, the edit marker."""
@@ -135,12 +147,15 @@ def poll(using: str = "default") -> Poll:
     """Return the database clock, the earliest pending run's slot and the edit marker, in one query.
 
     This is the whole cost of an idle tick, whatever the number of periodic tasks: the earliest
-    pending run comes from the partial index on pending runs.
+    pending run is the first entry of the partial index on pending runs (``ORDER BY ... LIMIT 1``
+    reads one entry whatever the table's statistics say; ``min()`` may be planned as a scan of
+    the whole index while the statistics are stale).
     """
     with connections[using].cursor() as cursor:
         cursor.execute(
             "SELECT clock_timestamp(),"
-            " (SELECT min(scheduled_for) FROM scheduling_run WHERE status = 'pending'),"
+            " (SELECT scheduled_for FROM scheduling_run WHERE status = 'pending'"
+            "  ORDER BY scheduled_for LIMIT 1),"
             " (SELECT last_update FROM django_celery_beat_periodictasks WHERE ident = 1)"
         )
         now, next_due, marker = cursor.fetchone()
@@ -179,7 +194,11 @@ def beat_schedule_sync(using: str = "default") -> Iterator[None]:
 
 
 def reconcile(
-    grace: timedelta, using: str = "default", lost: LostExecutions | None = None
+    grace: timedelta,
+    using: str = "default",
+    *,
+    full: bool = True,
+    lost: LostExecutions | None = None,
 ) -> int:
     """Bring the pending runs in line with the periodic tasks; return the number of runs planned.
 
@@ -189,38 +208,91 @@ def reconcile(
        new definition, when the slot changed (see ``_replan_edited``).
     3. Every enabled task without a pending scheduled run gets one (its next slot), or is disabled
        when its schedule is over (clocked time passed, expired, one-off done).
-
     4. With ``lost`` (the replica's memory of runs seen without their execution lock): running
        runs whose worker is gone are closed as failed, "worker lost" (``close_lost_executions``).
+
+    ``full=False`` (the scheduler's passes after its first) looks only at what the change log
+    (``ScheduleChange``: edits, creations, schedules that failed to give a slot at claim time)
+    names, plus pending runs whose task was deleted: its cost follows the changes, not the number
+    of tasks, and with no change it is three short indexed queries. ``full=True`` checks every
+    task (at a replica's start, and as a safety net every SCHEDULING_FULL_RECONCILE_INTERVAL).
 
     Safe to run from any number of replicas at once: rows being claimed are skipped, and the unique
     constraints drop concurrent duplicates (invariant 1).
     """
-    _cancel_orphans(using)
-    _replan_edited(using)
-    planned = plan_missing(grace, using)
+    changed = _recent_changes(using)
+    unplanned = changed.pop(ScheduleChange.Kind.UNPLANNED, set())
+    _cancel_orphans(using, None if full else changed.get(ScheduleChange.Kind.TASK, set()))
+    _replan_edited(using, changed)
+    if full:
+        planned = plan_missing(grace, using)
+    elif changed or unplanned:
+        only = _affected(changed, prefix="") | Q(id__in=sorted(unplanned))
+        planned = plan_missing(grace, using, only=only)
+    else:
+        planned = 0
     if lost is not None:
         close_lost_executions(lost, using)
     return planned
 
 
-def _cancel_orphans(using: str) -> None:
+def _recent_changes(using: str) -> dict[str, set[int]]:
+    """Prune the change log past CHANGE_RETENTION; return what it names, by kind."""
+    log = ScheduleChange.objects.using(using)
+    log.filter(changed_at__lt=ClockTimestamp() - CHANGE_RETENTION).delete()
+    changed: dict[str, set[int]] = {}
+    for kind, object_id in log.values_list("kind", "object_id"):
+        changed.setdefault(kind, set()).add(object_id)
+    return changed
+
+
+def _affected(changed: dict[str, set[int]], prefix: str) -> Q:
+    """Tasks named in ``changed``, or using a schedule row named there (``prefix`` to the task)."""
+    affected = Q()
+    for kind, ids in changed.items():
+        field = "id" if kind == ScheduleChange.Kind.TASK else f"{kind}_id"
+        affected |= Q(**{f"{prefix}{field}__in": sorted(ids)})
+    return affected
+
+
+def note_unplanned(task_ids: set[int], using: str = "default") -> None:
+    """Name tasks in the change log so the next reconcile pass plans them (or records why not).
+
+    For a task left without a pending run outside an edit: its schedule failed to give the next
+    slot while a run was claimed or adopted.
+    """
+    ScheduleChange.objects.using(using).bulk_create(
+        [
+            ScheduleChange(kind=ScheduleChange.Kind.UNPLANNED, object_id=pk)
+            for pk in sorted(task_ids)
+        ]
+    )
+
+
+def _cancel_orphans(using: str, task_ids: set[int] | None) -> None:
+    """Cancel pending runs of deleted tasks, and scheduled ones of disabled tasks.
+
+    ``task_ids``: look for disabled tasks among these only (None: among all).
+    """
+    orphan = Q(periodic_task__isnull=True)
+    disabled = Q(trigger=Run.Trigger.SCHEDULE, periodic_task__enabled=False)
+    if task_ids is None:
+        orphan |= disabled
+    elif task_ids:
+        orphan |= disabled & Q(periodic_task_id__in=sorted(task_ids))
     with transaction.atomic(using=using):
         orphans = list(
             Run.objects.using(using)
             .pending()
-            .filter(
-                Q(periodic_task__isnull=True)
-                | Q(trigger=Run.Trigger.SCHEDULE, periodic_task__enabled=False)
-            )
+            .filter(orphan)
             .select_for_update(skip_locked=True, of=("self",))
             .values_list("pk", "periodic_task_id")
         )
         if not orphans:
             return
         deleted = [pk for pk, task_id in orphans if task_id is None]
-        disabled = [pk for pk, task_id in orphans if task_id is not None]
-        reasons = ((deleted, "periodic task deleted"), (disabled, "periodic task disabled"))
+        disabled_runs = [pk for pk, task_id in orphans if task_id is not None]
+        reasons = ((deleted, "periodic task deleted"), (disabled_runs, "periodic task disabled"))
         for ids, reason in reasons:
             if ids:
                 Run.objects.using(using).filter(pk__in=ids).update(
@@ -231,13 +303,15 @@ def _cancel_orphans(using: str) -> None:
                 )
 
 
-def _replan_edited(using: str) -> None:
+def _replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> None:
     """Re-plan the pending runs whose definition changed recently; cost follows the changes.
 
     The change log (``ScheduleChange``, written by database triggers on every UPDATE of a periodic
     task's scheduling columns or of a schedule row, including ``QuerySet.update()`` and raw SQL)
-    names what changed in the last CHANGE_RETENTION. Only the pending, not yet due scheduled runs
-    of tasks named there, or using a schedule row named there, are looked at: each gets its slot
+    names what changed in the last CHANGE_RETENTION (``changed``, by kind; read from the log when
+    None, less the unplanned entries, which only ``plan_missing`` uses). Only the pending, not
+    yet due scheduled runs of tasks named there, or using a schedule row named there, are looked
+    at: each gets its slot
     recomputed from the current definition: the first slot after the database clock and after
     the task's last run (``slots.initial_run`` with no grace), so an edit never fires a slot that
     is already past, even one inside the grace period. A run whose slot moved is cancelled
@@ -245,28 +319,24 @@ def _replan_edited(using: str) -> None:
     schedule is over: ``plan_missing`` then disables the task). A run whose slot did not move is
     left alone, so looking at a change again (each pass within the retention) is harmless; that
     also covers an edit whose transaction committed after the run was planned from the old
-    definition. Older change rows are deleted here.
+    definition.
     """
+    if changed is None:
+        changed = _recent_changes(using)
+        changed.pop(ScheduleChange.Kind.UNPLANNED, None)
+    if not changed:
+        return
     with transaction.atomic(using=using):
         now = database_now(using)
-        ScheduleChange.objects.using(using).filter(changed_at__lt=now - CHANGE_RETENTION).delete()
-        changed: dict[str, set[int]] = {}
-        for kind, object_id in ScheduleChange.objects.using(using).values_list("kind", "object_id"):
-            changed.setdefault(kind, set()).add(object_id)
-        if not changed:
-            return
-        affected = Q()
-        for kind, ids in changed.items():
-            field = (
-                "periodic_task_id" if kind == ScheduleChange.Kind.TASK
-                else f"periodic_task__{kind}_id"
-            )
-            affected |= Q(**{f"{field}__in": sorted(ids)})
         edited = list(
             Run.objects.using(using)
             .pending()
             .scheduled()
-            .filter(affected, periodic_task__enabled=True, scheduled_for__gt=ClockTimestamp())
+            .filter(
+                _affected(changed, prefix="periodic_task__"),
+                periodic_task__enabled=True,
+                scheduled_for__gt=ClockTimestamp(),
+            )
             .select_related(*_SCHEDULE_RELATED)
             .select_for_update(skip_locked=True, of=("self",))
         )
@@ -305,8 +375,12 @@ def _last_slot(task: PeriodicTask, using: str) -> datetime | None:
     )
 
 
-def plan_missing(grace: timedelta, using: str = "default", chunk_size: int = 2000) -> int:
+def plan_missing(
+    grace: timedelta, using: str = "default", chunk_size: int = 2000, only: Q | None = None
+) -> int:
     """Plan the next slot of every enabled task that has no pending scheduled run.
+
+    ``only`` restricts the tasks looked at (a filter on PeriodicTask), for incremental passes.
 
     Returns the number of runs inserted (concurrent planners' duplicates are dropped by the unique
     constraints, and not counted). A task whose schedule cannot produce a slot gets one failed run
@@ -322,7 +396,7 @@ def plan_missing(grace: timedelta, using: str = "default", chunk_size: int = 200
     )
     tasks = (
         PeriodicTask.objects.using(using)
-        .filter(enabled=True)
+        .filter(Q(enabled=True) & (only if only is not None else Q()))
         .exclude(Exists(pending))
         .annotate(
             last_slot=Subquery(latest.values("scheduled_for")[:1]),
@@ -448,10 +522,50 @@ def _failed_plan(task: PeriodicTask, now: datetime, error: str) -> Run:
 
 
 def _insert(runs: list[Run], using: str) -> int:
-    """Insert planned runs; rows that conflict with a concurrent planner's are dropped."""
+    """Insert runs in one statement; rows that conflict with a concurrent planner's are dropped.
+
+    ``INSERT ... SELECT FROM unnest(<one array per column>) ON CONFLICT DO NOTHING``: one short
+    statement whatever the number of rows (Django's ``bulk_create`` compiles a placeholder and an
+    expression per value, which dominated the cost of a claim batch). Returns ``len(runs)``.
+    """
     if runs:
-        Run.objects.using(using).bulk_create(runs, ignore_conflicts=True)
+        fields = [f for f in Run._meta.concrete_fields if f.name not in ("id", "planned_at")]
+        _execute_unnest(
+            "INSERT INTO {table} ({columns}) SELECT * FROM unnest({arrays}) ON CONFLICT DO NOTHING",
+            fields, runs, using,
+        )
     return len(runs)
+
+
+def _update_runs(runs: list[Run], names: tuple[str, ...], using: str) -> None:
+    """Write the fields ``names`` of ``runs`` (by primary key) in one UPDATE ... FROM unnest."""
+    fields = [Run._meta.pk, *(Run._meta.get_field(name) for name in names)]
+    _execute_unnest(
+        "UPDATE {table} AS r SET {assignments} FROM unnest({arrays}) AS v({columns})"
+        " WHERE r.id = v.id",
+        fields, runs, using,
+    )
+
+
+def _execute_unnest(template: str, fields: list, runs: list[Run], using: str) -> None:
+    """Run ``template`` with one typed array parameter per field, holding every run's value."""
+    connection = connections[using]
+    columns = [sql.Identifier(f.column) for f in fields]
+    query = sql.SQL(template).format(
+        table=sql.Identifier(Run._meta.db_table),
+        columns=sql.SQL(", ").join(columns),
+        arrays=sql.SQL(", ").join(
+            sql.SQL("%s::{}[]").format(sql.SQL(f.db_type(connection))) for f in fields
+        ),
+        assignments=sql.SQL(", ").join(
+            sql.SQL("{} = v.{}").format(c, c) for c in columns[1:]
+        ),
+    )
+    values = [
+        [f.get_db_prep_save(getattr(run, f.attname), connection) for run in runs] for f in fields
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(query.as_string(connection.connection), values)
 
 
 # Claim and dispatch -----------------------------------------------------------------------------
@@ -492,6 +606,7 @@ def claim_and_dispatch(
         following: list[Run] = []
         task_updates: dict[int, _TaskUpdate] = {}
         busy: set[int] = set()
+        unplanned: set[int] = set()
         for run in runs:
             now = claimed_at + timedelta(seconds=time.monotonic() - started)
             run.overlap = _overlap(run, busy)
@@ -519,13 +634,17 @@ def claim_and_dispatch(
             update.disable = update.disable or over
             if nxt is not None:
                 following.append(_planned(task, nxt))
-        Run.objects.using(using).bulk_update(
+            elif not over and task.enabled and run.status != Run.Status.CANCELLED:
+                unplanned.add(task.pk)  # its schedule gave no next slot: reconcile says why
+        _update_runs(
             runs,
-            ["status", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at"],
+            ("status", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at"),
+            using,
         )
-        if following:
-            Run.objects.using(using).bulk_create(following, ignore_conflicts=True)
+        _insert(following, using)
         _update_tasks(task_updates, using)
+        if unplanned:
+            note_unplanned(unplanned, using)
         if pause_after_publish:
             logger.warning(
                 "test pause: published %s, sleeping %.1fs before commit",
@@ -578,7 +697,7 @@ def _claim_due(batch_size: int, using: str) -> list[Run]:
     due = (
         Run.objects.using(using)
         .pending()
-        .filter(scheduled_for__lte=ClockTimestamp())
+        .filter(scheduled_for__lte=StatementTimestamp())
         .annotate(db_now=ClockTimestamp(), busy_since=_busy_since())
         .order_by("scheduled_for", "pk")
         .select_for_update(skip_locked=True, of=("self",))
@@ -1196,6 +1315,7 @@ def _plan_after_adoption(run: Run, using: str) -> None:
             nxt = slots.next_run(task, run.scheduled_for)
         except ScheduleError:
             nxt = None  # the reconcile pass records the schedule's error
+            note_unplanned({task.pk}, using)
         else:
             update.disable = nxt is None
         if nxt is not None:

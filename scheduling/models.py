@@ -78,6 +78,9 @@ class ScheduleChange(models.Model):
         CRONTAB = "crontab"
         SOLAR = "solar"
         CLOCKED = "clocked"
+        #: A task that may have no pending run: just created (insert trigger), or its schedule
+        #: failed to give the next slot at claim time. Only planned, never re-planned.
+        UNPLANNED = "unplanned"
 
     id = models.BigAutoField(primary_key=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -214,10 +217,18 @@ class Run(models.Model):
         ]
         indexes = [
             # "Pending runs due now": a small partial index however large the ledger grows.
+            # In the claim's order (scheduled_for, id): a batch stops after its rows, even inside
+            # a burst of thousands of runs due at the same instant.
             models.Index(
-                fields=["scheduled_for"],
+                fields=["scheduled_for", "id"],
                 condition=Q(status="pending"),
                 name="scheduling_run_pending_due",
+            ),
+            # Pending runs whose task was deleted (each reconcile pass looks for them).
+            models.Index(
+                fields=["scheduled_for"],
+                condition=Q(status="pending", periodic_task__isnull=True),
+                name="scheduling_run_pending_orphan",
             ),
             models.Index(fields=["periodic_task", "-scheduled_for"], name="scheduling_run_recent"),
             models.Index(fields=["task_id"], name="scheduling_run_task_id"),

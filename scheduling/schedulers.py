@@ -66,6 +66,7 @@ class LedgerScheduler(DatabaseScheduler):
         self.replica_id = conf.replica_id
         self._marker: object = _UNSEEN
         self._last_reconcile = 0.0
+        self._last_full_reconcile: float | None = None
         self._failures = 0
         self._failing = ""
         self.heartbeat = Heartbeat(self.replica_id)
@@ -139,7 +140,7 @@ class LedgerScheduler(DatabaseScheduler):
             time.monotonic() - self._last_reconcile >= conf.reconcile_interval
         ):
             try:
-                ledger.reconcile(grace, lost=self._lost)
+                self._reconcile(grace)
             except (OperationalError, InterfaceError):
                 raise
             except Exception:  # noqa: BLE001 - planning trouble must not stop dispatching
@@ -171,6 +172,20 @@ class LedgerScheduler(DatabaseScheduler):
         # More may be due (a full batch) or planned already due (a catching-up interval): look
         # again at once. Runs locked by other replicas are theirs; come back after a short nap.
         return 0.0 if dispatched else min(self.max_interval, 0.05)
+
+    def _reconcile(self, grace: timedelta) -> None:
+        """Reconcile from the change log; check every task at start and every full interval."""
+        started = time.monotonic()
+        full = self._last_full_reconcile is None or (
+            started - self._last_full_reconcile >= conf.full_reconcile_interval
+        )
+        planned = ledger.reconcile(grace, full=full, lost=self._lost)
+        if full:
+            self._last_full_reconcile = started
+            logger.info(
+                "full reconcile: planned %d runs in %.3f s", planned, time.monotonic() - started,
+                extra={"action": "reconcile", "replica": self.replica_id},
+            )
 
     def _connected_producer(self) -> Any:
         """Return the producer, connecting with a short bounded retry (never Celery's 100).

@@ -178,7 +178,10 @@ def initial_run(
     previous = task.last_run_at
     step = _interval_step(task)
     if previous is not None and step is not None:
-        previous += step - _TICK
+        try:
+            previous += step - _TICK
+        except OverflowError as exc:
+            raise ScheduleError(f"the next slot of {task.name!r} is out of range") from exc
     if last_slot is None and previous is not None:
         floor = previous  # switching from stock beat: its last run is the previous slot
     else:

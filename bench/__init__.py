@@ -1,0 +1,1 @@
+"""Benchmarks: python -m bench [--quick] (README.md, docs/benchmarks.md)."""

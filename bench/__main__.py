@@ -1,0 +1,151 @@
+"""Run the benchmark: ``python -m bench`` (full, writes docs/benchmarks.md) or ``--quick``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import env
+from bench.report import table
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "benchmarks.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, about a minute; prints the table, writes no doc")
+    parser.add_argument("--output", type=Path, default=DOC,
+                        help="where the full run writes its report (default docs/benchmarks.md)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated scenarios to run (development): idle, burst, memory,"
+                        " lateness_and_storm, failover, history")
+    args = parser.parse_args(argv)
+    command = _command(args.quick)
+    load_before = env.load_average()
+    started = time.monotonic()
+
+    def log(message: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    with env.bench_database(), tempfile.TemporaryDirectory(prefix="bench-") as workdir:
+        import logging
+
+        from bench import scenarios
+
+        logging.getLogger("scheduling").setLevel(logging.WARNING)  # this process's own planning
+
+        sizes = scenarios.QUICK if args.quick else scenarios.FULL
+        bench = scenarios.Bench(sizes, Path(workdir), log)
+        rows, plans = [], {}
+        try:
+            only = {name for name in args.only.split(",") if name}
+            for step in (scenarios.idle, scenarios.burst, scenarios.memory,
+                         scenarios.lateness_and_storm, scenarios.failover):
+                if not only or step.__name__ in only:
+                    log(f"{step.__name__} ...")
+                    rows += step(bench)
+            if not only or "history" in only:
+                log("history ...")
+                history_rows, plans = scenarios.history(bench)
+                rows += history_rows
+            setting = {
+                "machine": env.machine(),
+                "postgres": env.postgres_version(),
+                "broker": bench.broker.describe(),
+            }
+        finally:
+            bench.broker.close()
+    duration = time.monotonic() - started
+    load_after = env.load_average()
+    print(table(rows))
+    missed = [f"{r.scenario}: {r.measure}" for r in rows if r.met is False]
+    print(f"\n{len(rows)} rows, {len(missed)} targets not met; {duration:.0f} s;"
+          f" load average before {load_before}, after {load_after}")
+    if not args.quick:
+        args.output.write_text(_document(rows, plans, setting, command, duration,
+                                         load_before, load_after))
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _command(quick: bool) -> str:
+    """The command line, with the environment that chose the database and broker (no secrets)."""
+    from urllib.parse import urlsplit
+
+    parts = []
+    for name in ("DATABASE_URL", "CELERY_BROKER_URL"):
+        value = os.environ.get(name)
+        if value:
+            url = urlsplit(value)
+            if url.password:
+                value = value.replace(f":{url.password}@", ":***@", 1)
+            parts.append(f"{name}={shlex.quote(value)}")
+    return " ".join([*parts, "python -m bench", *(["--quick"] if quick else [])])
+
+
+def _commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "scheduling", "bench"],
+                               cwd=ROOT, text=True, capture_output=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (with uncommitted changes)" if dirty else "")
+
+
+def _document(rows, plans, setting, command, duration, load_before, load_after) -> str:
+    machine = setting["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Our scheduler (`scheduling.schedulers.LedgerScheduler`), stock django-celery-beat",
+        "`DatabaseScheduler` and raw kombu publishing of the same messages, in one run, on the",
+        "same PostgreSQL and broker. What each scenario does and how to read it: README.md,",
+        "section Benchmarks; the code is `bench/`.",
+        "",
+        "## Command",
+        "",
+        "```sh",
+        command,
+        "```",
+        "",
+        f"At commit {_commit()}; it took {duration / 60:.1f} minutes.",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {machine['cpu']}, {machine['cores']} cores; RAM {machine['ram']}",
+        f"- {machine['os']}, Python {machine['python']}",
+        f"- {setting['postgres']}; broker: {setting['broker']}",
+        f"- load average (1, 5, 15 min) before: {load_before}; after: {load_after}",
+        "",
+        "## Results",
+        "",
+        table(rows),
+        "",
+        "## Targets not met",
+        "",
+        *([f"- {r.scenario}: {r.measure}: {r.ours} (target {r.target})" for r in rows
+           if r.met is False] or ["None."]),
+        "",
+        "## Query plans with the historical runs in the ledger",
+        "",
+        "`EXPLAIN (ANALYZE, BUFFERS)` of the claim query (100 runs due) and of the poll query",
+        "(one per idle tick), as the scheduler sends them.",
+        "",
+    ]
+    for name, plan in plans.items():
+        lines += [f"### {name}", "", "```", plan, "```", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

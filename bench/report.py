@@ -1,0 +1,58 @@
+"""The benchmark's one table: absolute figures, the ratio and the target of every row."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+COLUMNS = ("scenario", "measure", "ours", "stock", "raw publish", "ratio", "target", "met")
+
+
+@dataclass
+class Row:
+    """One line of the table; empty strings where a system does not apply.
+
+    ``met`` is True or False for a row with a target, None for a row that is only a figure.
+    """
+
+    scenario: str
+    measure: str
+    ours: str
+    stock: str = ""
+    raw: str = ""
+    ratio: str = ""
+    target: str = ""
+    met: bool | None = None
+
+    def cells(self) -> list[str]:
+        met = {True: "met", False: "NOT MET", None: ""}[self.met]
+        return [self.scenario, self.measure, self.ours, self.stock or "-", self.raw or "-",
+                self.ratio or "-", self.target or "-", met or "-"]
+
+
+def table(rows: list[Row]) -> str:
+    """Render the rows as a Markdown table (also what the console shows)."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def seconds(value: float) -> str:
+    return f"{value:.3f} s"
+
+
+def ms(value: float) -> str:
+    return f"{value * 1000:.1f} ms"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, int(round(q * len(ordered) + 0.5)) - 1))
+    return ordered[rank]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0

@@ -1,0 +1,583 @@
+"""The issue's scenarios, each returning rows of the table.
+
+Every scenario runs our scheduler (``LedgerScheduler``; real ``celery beat`` processes wherever
+replicas matter), stock django-celery-beat ``DatabaseScheduler`` and raw kombu publishing where
+they apply, on the same PostgreSQL and broker. Times come from the database clock
+(``clock_timestamp()``) and, for the broker cross-check, from when messages reached the broker.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from django.db import connection, transaction
+from django_celery_beat.models import PeriodicTask
+
+from bench import data
+from bench.env import Arrivals, Broker, rss_mb
+from bench.report import Row, median, ms, percentile, seconds
+from scheduling import ledger
+from scheduling.messages import build_message
+from scheduling.models import Run
+from tests.acceptance.deployment import Deployment
+
+STOCK = "django_celery_beat.schedulers:DatabaseScheduler"
+READY = "beat: Starting..."
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each scenario is; the full run uses the issue's sizes."""
+
+    burst: int
+    idle: tuple[int, int, int]
+    ticks: int
+    lateness_tasks: int
+    window: float
+    storm_tasks: int
+    failover_trials: int
+    history: int
+    stock_cap: float
+    settle: float
+
+
+FULL = Sizes(10_000, (1_000, 10_000, 100_000), 300, 1_000, 60.0, 10_000, 20, 10_000_000,
+             180.0, 20.0)
+QUICK = Sizes(200, (100, 1_000, 3_000), 60, 50, 4.0, 300, 2, 50_000, 4.0, 2.0)
+
+#: Ticks between two reconcile passes at the defaults (60 s reconcile interval, 1 s ticks).
+TICKS_PER_RECONCILE = 60
+
+
+class Bench:
+    """Shared state of one benchmark run: sizes, work folder, broker, and the task pool."""
+
+    def __init__(self, sizes: Sizes, workdir: Path, log=print) -> None:
+        self.sizes, self.workdir, self.log = sizes, workdir, log
+        self.broker = Broker()
+        self.pool: list[int] = []  # interval tasks, one day apart, planned
+
+    def grow_pool(self, size: int) -> None:
+        """Have ``size`` planned interval tasks (every day) in the pool."""
+        if size > len(self.pool):
+            self.pool += data.interval_tasks("pool", len(self.pool), size, timedelta(days=1))
+            data.plan()
+
+    def deployment(self, label: str, **env: str) -> Deployment:
+        folder = self.workdir / label
+        folder.mkdir(parents=True, exist_ok=True)
+        return Deployment(folder, **env)
+
+
+def _start_stock(deployment: Deployment, name: str) -> None:
+    deployment._start(name, ["beat", "-l", "info", "--pidfile=", "-S", STOCK], {})
+
+
+def _ready(deployment: Deployment, *names: str) -> None:
+    for name in names:
+        deployment.wait_for_log(name, READY, timeout=120)
+
+
+def _close(bench: Bench, deployment: Deployment) -> None:
+    deployment.stop()
+    bench.broker.delete(deployment.queue)
+
+
+# 1. Burst ---------------------------------------------------------------------------------------
+
+
+def burst(bench: Bench) -> list[Row]:
+    """10,000 tasks due at one instant: 1, 2, 4 and 3 replicas, raw publish, one stock beat."""
+    n = bench.sizes.burst
+    bench.grow_pool(n)
+    tasks = bench.pool[:n]
+    ours = {r: _burst_ours(bench, tasks, r) for r in (1, 2, 4, 3)}
+    raw, direct = _burst_raw(bench, tasks)
+    stock, stock_sent = _burst_stock(bench, tasks)
+    label = f"burst {n:,} tasks"
+    rows = [
+        Row(label, f"all dispatched, {r} replica{'s' * (r > 1)}", _rate(ours[r], n))
+        for r in (1, 2, 4)
+    ]
+    rows[-1].ratio = f"{ours[1] / ours[4]:.2f}x"
+    rows[-1].target = "throughput 4 replicas >= 1 replica"
+    rows[-1].met = ours[4] <= ours[1]
+    rows.append(Row(label, "3 replicas vs raw kombu publish", _rate(ours[3], n),
+                    raw=f"{_rate(raw, n)}; default exchange {_rate(direct, n)}",
+                    ratio=f"{ours[3] / raw:.2f}x", target="<= 1.5x raw", met=ours[3] <= 1.5 * raw))
+    if stock_sent >= n:
+        stock_text, floor = _rate(stock, n), ""
+    else:
+        stock_text = f">= {stock:.1f} s ({stock_sent:,}/{n:,} sent; cap)"
+        floor = ">= "
+    rows.append(Row(label, "3 replicas vs 1 stock DatabaseScheduler", _rate(ours[3], n),
+                    stock=stock_text, ratio=f"{floor}{stock / ours[3]:.1f}x faster",
+                    target=">= 5x faster", met=stock / ours[3] >= 5))
+    return rows
+
+
+def _rate(elapsed: float, n: int) -> str:
+    return f"{elapsed:.2f} s ({n / elapsed:,.0f}/s)"
+
+
+def _burst_ours(bench: Bench, tasks: list[int], replicas: int) -> float:
+    names = [f"replica-{i}" for i in range(1, replicas + 1)]
+    deployment = bench.deployment(f"burst-{replicas}")
+    try:
+        for name in names:
+            deployment.start_beat(name)
+        _ready(deployment, *names)
+        time.sleep(1.0)  # each replica's first tick (its startup reconcile) is over
+        at = ledger.database_now() + timedelta(seconds=1)
+        moved = data.move_pending(tasks, at)
+        # Cheap to ask (the pending index), so the watching costs the replicas nothing.
+        waiting = Run.objects.pending().filter(scheduled_for=at)
+        deadline = time.monotonic() + 600
+        while waiting.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        finished = ledger.database_now()
+        done = Run.objects.filter(scheduled_for=at, status=Run.Status.DISPATCHED).count()
+        if done < moved:
+            raise RuntimeError(f"burst with {replicas} replicas: {done}/{moved} dispatched")
+        arrived = bench.broker.count(deployment.queue)
+        if arrived != moved:
+            raise RuntimeError(f"burst: {moved} runs dispatched, {arrived} messages at the broker")
+    finally:
+        _close(bench, deployment)
+    data.forget_runs(tasks)
+    elapsed = (finished - at).total_seconds()
+    bench.log(f"  burst, {replicas} replicas: {elapsed:.2f} s")
+    return elapsed
+
+
+def _burst_raw(bench: Bench, tasks: list[int]) -> tuple[float, float]:
+    """Publish the same messages with kombu alone: one producer, one connection, a loop.
+
+    Returns (seconds routed as Celery routes them: to a direct exchange named after the queue,
+    which the broker resolves per message as it does for the scheduler's messages; seconds to
+    the default exchange, which delivers straight to the queue).
+    """
+    from kombu import Connection, Exchange, Queue
+
+    from project.celery import app
+
+    runs = Run.objects.pending().scheduled().filter(periodic_task_id__in=tasks)
+    messages = []
+    for run in runs.select_related("periodic_task"):
+        message = build_message(run, run.periodic_task)
+        prepared = app.amqp.as_task_v2(
+            message.options["task_id"], message.name, message.args, message.kwargs
+        )
+        prepared.headers.update(message.options["headers"])
+        messages.append(prepared)
+    timings = []
+    for routed in (True, False):
+        name = f"raw-{uuid.uuid4().hex[:10]}"
+        queue = Queue(name, Exchange(name, "direct"), routing_key=name)
+        with Connection(bench.broker.url) as conn:
+            queue(conn.default_channel).declare()  # declared before the clock starts
+            producer = conn.Producer(serializer="json")
+            exchange = name if routed else ""
+            started = time.perf_counter()
+            for prepared in messages:
+                producer.publish(
+                    prepared.body, exchange=exchange, routing_key=name,
+                    headers=prepared.headers, **prepared.properties,
+                )
+            timings.append(time.perf_counter() - started)
+        arrived = bench.broker.count(name)
+        bench.broker.delete(name)
+        if arrived != len(messages):
+            raise RuntimeError(f"raw publish: {len(messages)} sent, {arrived} at the broker")
+    bench.log(f"  raw publish: {timings[0]:.2f} s routed, {timings[1]:.2f} s default exchange")
+    return timings[0], timings[1]
+
+
+def _burst_stock(bench: Bench, tasks: list[int]) -> tuple[float, int]:
+    """One stock beat with the same tasks due at one instant; capped at ``stock_cap`` seconds.
+
+    Returns (seconds from the instant, or from stock's start when it was ready later, until the
+    last message reached the broker or the cap; messages sent by then).
+    """
+    n = len(tasks)
+    at = ledger.database_now() + timedelta(seconds=5 + n / 1000)
+    PeriodicTask.objects.filter(pk__in=tasks).update(last_run_at=at - timedelta(days=1))
+    deployment = bench.deployment("burst-stock")
+    try:
+        _start_stock(deployment, "stock")
+        _ready(deployment, "stock")
+        start = max(at, ledger.database_now())
+        time.sleep(max(0.0, (start - ledger.database_now()).total_seconds()))
+        reached = bench.broker.wait_count(deployment.queue, n, bench.sizes.stock_cap)
+        end = ledger.database_now()
+        sent = bench.broker.count(deployment.queue)
+    finally:
+        _close(bench, deployment)
+    data.ScheduleChange.objects.all().delete()  # stock's write-back of last_run_at
+    elapsed = (end - start).total_seconds()
+    bench.log(f"  stock burst: {sent}/{n} in {elapsed:.1f} s ({'done' if reached else 'cap'})")
+    return elapsed, sent
+
+
+# 2. Idle tick -----------------------------------------------------------------------------------
+
+
+class _Meter:
+    """Counts the queries and client-side database time of the statements Django runs."""
+
+    def __init__(self) -> None:
+        self.queries, self.seconds = 0, 0.0
+
+    def __call__(self, execute, sql, params, many, context):
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.queries += 1
+            self.seconds += time.perf_counter() - started
+
+
+def _ticks(scheduler, count: int, before=None) -> tuple[float, float, float]:
+    """Median queries, database seconds and wall seconds of ``count`` ticks."""
+    queries, db, wall = [], [], []
+    for _ in range(count):
+        if before is not None:
+            before()
+        meter = _Meter()
+        with connection.execute_wrapper(meter):
+            started = time.perf_counter()
+            scheduler.tick()
+            wall.append(time.perf_counter() - started)
+        queries.append(meter.queries)
+        db.append(meter.seconds)
+    return median(queries), median(db), median(wall)
+
+
+def idle(bench: Bench) -> list[Row]:
+    """Queries and database time per tick with nothing due, at three sizes; stock beside it."""
+    from django_celery_beat.schedulers import DatabaseScheduler
+
+    from project.celery import app
+    from scheduling.schedulers import LedgerScheduler
+
+    rows, amortized = [], {}
+    for size in bench.sizes.idle:
+        bench.grow_pool(size)
+        scheduler = LedgerScheduler(app=app)
+        scheduler.tick()  # the startup reconcile
+        poll = _ticks(scheduler, bench.sizes.ticks)
+
+        def force() -> None:
+            scheduler._last_reconcile = float("-inf")
+
+        passes = _ticks(scheduler, max(3, bench.sizes.ticks // 20), before=force)
+        every = TICKS_PER_RECONCILE
+        queries = ((every - 1) * poll[0] + passes[0]) / every
+        db = ((every - 1) * poll[1] + passes[1]) / every
+        amortized[size] = db
+        stock = DatabaseScheduler(app=app)
+        stock.tick()  # the initial read of every task
+        stock_tick = _ticks(stock, max(3, bench.sizes.ticks // 10))  # each one is slow
+        rows.append(Row(
+            f"idle tick, {size:,} tasks",
+            "queries / DB time per tick (1 reconcile pass per 60 ticks)",
+            f"{queries:.2f} q, {ms(db)} (poll {poll[0]:.0f} q {ms(poll[1])};"
+            f" reconcile {passes[0]:.0f} q {ms(passes[1])})",
+            stock=f"{stock_tick[0]:.2f} q, {ms(stock_tick[1])} (tick {ms(stock_tick[2])} CPU)",
+            target="<= 2 queries per tick", met=queries <= 2,
+        ))
+        bench.log(f"  idle {size}: {rows[-1].ours} | stock {rows[-1].stock}")
+        del stock
+    low, high = bench.sizes.idle[0], bench.sizes.idle[-1]
+    ratio = amortized[high] / amortized[low]
+    rows.append(Row(f"idle tick, {high:,} vs {low:,} tasks", "DB time per tick ratio",
+                    f"{ms(amortized[high])} / {ms(amortized[low])}", ratio=f"{ratio:.2f}x",
+                    target="<= 1.5x", met=ratio <= 1.5))
+    return rows
+
+
+# 5. Memory --------------------------------------------------------------------------------------
+
+
+def memory(bench: Bench) -> list[Row]:
+    """Resident memory of one replica and of one stock beat, with the whole pool enabled."""
+    size = bench.sizes.idle[-1]
+    bench.grow_pool(size)
+    deployment = bench.deployment("memory")
+    try:
+        deployment.start_beat("replica")
+        _start_stock(deployment, "stock")
+        _ready(deployment, "replica", "stock")
+        peaks = {name: _settled_rss(deployment, name, bench.sizes.settle) for name in
+                 ("replica", "stock")}
+    finally:
+        _close(bench, deployment)
+    ours, stock = peaks["replica"], peaks["stock"]
+    bench.log(f"  memory: ours {ours}, stock {stock}")
+    return [Row(f"memory, {size:,} tasks", "RSS of one replica (peak)",
+                f"{ours[0]:.0f} MB (peak {ours[1]:.0f} MB)",
+                stock=f"{stock[0]:.0f} MB (peak {stock[1]:.0f} MB)",
+                ratio=f"stock {stock[1] / ours[1]:.1f}x", target="<= 150 MB",
+                met=ours[1] <= 150)]
+
+
+def _settled_rss(deployment: Deployment, name: str, settle: float) -> tuple[float, float]:
+    """RSS and peak RSS (MiB) once the process's RSS has not grown for ``settle`` seconds."""
+    pid = deployment.processes[name].pid
+    last, steady_since = 0.0, time.monotonic()
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        rss, peak = rss_mb(pid)
+        if rss > last * 1.01:
+            last, steady_since = rss, time.monotonic()
+        elif time.monotonic() - steady_since >= settle:
+            return rss, peak
+        time.sleep(0.5)
+    return rss_mb(pid)
+
+
+# 3 and 6. Lateness and edit storm ---------------------------------------------------------------
+
+
+def lateness_and_storm(bench: Bench) -> list[Row]:
+    """Tasks due every second spread over the second, 3 replicas; then one crontab edit a second.
+
+    Window A: 1,000 interval tasks (every 1 s) for 60 s. Window B: the same, while one of the
+    10,000 crontab tasks is edited (``save()``, as the admin does) every second. Lateness comes
+    from the ledger and is cross-checked with when the messages reached the broker.
+    """
+    s = bench.sizes
+    crontab_ids = data.crontab_tasks("crontab", s.storm_tasks)
+    data.plan()
+    names = ["replica-1", "replica-2", "replica-3"]
+    deployment = bench.deployment("lateness")
+    arrivals = Arrivals(bench.broker, deployment.queue).start()
+    try:
+        for name in names:
+            deployment.start_beat(name)
+        _ready(deployment, *names)
+        # Created while the replicas run (they plan them from the change log), first slots a
+        # few seconds ahead, spread over the second.
+        base = ledger.database_now() + timedelta(seconds=3)
+        interval_ids = data.interval_tasks(
+            "every-second", 0, s.lateness_tasks, timedelta(seconds=1),
+            start_time=lambda i: base + timedelta(seconds=i / s.lateness_tasks),
+        )
+        a0 = base + timedelta(seconds=2)
+        a1 = a0 + timedelta(seconds=s.window)
+        _sleep_until(a1)
+        full_before = _full_reconciles(deployment, names)
+        rng = random.Random(6)
+        edits = 0
+        b1 = a1 + timedelta(seconds=s.window)
+        while ledger.database_now() < b1:
+            data.edit_one(crontab_ids, rng)
+            edits += 1
+            _sleep_until(a1 + timedelta(seconds=edits))
+        full_during = _full_reconciles(deployment, names) - full_before
+        time.sleep(2.0)
+    finally:
+        deployment.stop()
+        seen = arrivals.stop()
+        bench.broker.delete(deployment.queue)
+    rows = _lateness_rows(
+        f"lateness, {s.lateness_tasks:,} tasks/s, 3 replicas, {s.window:.0f} s", a0, a1, seen,
+        p99=0.100,
+    )
+    storm = _lateness_rows(
+        f"edit storm, {s.storm_tasks:,} crontab tasks, {edits} edits", a1, b1, seen, p99=0.200,
+    )[:1]
+    storm.append(Row(storm[0].scenario, "full reloads (full reconcile passes) during the storm",
+                     str(full_during), target="0", met=full_during == 0))
+    PeriodicTask.objects.filter(pk__in=interval_ids + crontab_ids).update(enabled=False)
+    return rows + storm
+
+
+def _sleep_until(at: datetime) -> None:
+    time.sleep(max(0.0, (at - ledger.database_now()).total_seconds()))
+
+
+def _full_reconciles(deployment: Deployment, names: list[str]) -> int:
+    return sum(
+        deployment.log_path(n).read_text(errors="replace").count("full reconcile") for n in names
+    )
+
+
+def _lateness_rows(
+    label: str, since: datetime, until: datetime, arrivals: dict[str, list[float]] | None,
+    p99: float,
+) -> list[Row]:
+    runs = list(
+        Run.objects.scheduled().filter(scheduled_for__gte=since, scheduled_for__lt=until)
+        .exclude(status=Run.Status.CANCELLED)
+        .values_list("task_id", "scheduled_for", "dispatched_at", "status")
+    )
+    late = [
+        ((dispatched or until) - slot).total_seconds() for _, slot, dispatched, _ in runs
+    ]
+    worst = max(late, default=0.0)
+    rows = [
+        Row(label, f"lateness p99 (ledger, {len(runs):,} runs)", ms(percentile(late, 0.99)),
+            target=f"<= {p99 * 1000:.0f} ms", met=bool(runs) and percentile(late, 0.99) <= p99),
+    ]
+    if p99 < 0.2:
+        rows.append(Row(label, "lateness max (ledger)", ms(worst), target="<= 1000 ms",
+                        met=bool(runs) and worst <= 1.0))
+    if arrivals is None:
+        rows.append(Row(label, "lateness p99 / max at the broker", "n/a for this broker"))
+        return rows
+    broker, missing, copies = [], 0, 0
+    for task_id, slot, _, _ in runs:
+        times = arrivals.get(task_id)
+        if not times:
+            missing += 1
+            continue
+        copies += len(times) - 1
+        broker.append(min(times) - slot.timestamp())
+    rows.append(Row(
+        label, "lateness p99 / max at the broker (cross-check)",
+        f"{ms(percentile(broker, 0.99))} / {ms(max(broker, default=0.0))}"
+        f"; {missing} missing, {copies} extra copies",
+        target="every run arrives once", met=missing == 0 and copies == 0,
+    ))
+    return rows
+
+
+# 4. Failover ------------------------------------------------------------------------------------
+
+
+def failover(bench: Bench) -> list[Row]:
+    """SIGKILL the replica that holds a claim (published, not committed); time the takeover.
+
+    Every replica pauses 1.5 s between publishing and committing (the test hook
+    SCHEDULING_TEST_PAUSE_AFTER_PUBLISH), so the one holding the claim is known from its log;
+    the figure is from the kill to the moment another replica published the run again.
+    """
+    trials = bench.sizes.failover_trials
+    task = PeriodicTask.objects.get(
+        pk=data.interval_tasks("failover", 0, 1, timedelta(days=1))[0]
+    )
+    data.plan()
+    deployment = bench.deployment("failover", SCHEDULING_TEST_PAUSE_AFTER_PUBLISH="1.5")
+    live = [f"replica-{i}" for i in range(1, 4)]
+    times: list[float] = []
+    try:
+        for name in live:
+            deployment.start_beat(name)
+        _ready(deployment, *live)
+        for trial in range(trials):
+            run = ledger.request_run(task, requested_by="bench")
+            victim = _claim_holder(deployment, live, run.task_id)
+            killed_at = ledger.database_now()
+            deployment.kill(victim)
+            live.remove(victim)
+            committed = Run.objects.filter(pk=run.pk, status=Run.Status.DISPATCHED)
+            deadline = time.monotonic() + 30
+            while not committed.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            done = committed.values_list("dispatched_at", "claimed_by").first()
+            if done is None or done[1] == victim:
+                raise RuntimeError(f"failover trial {trial}: not taken over ({done})")
+            times.append((done[0] - killed_at).total_seconds())
+            replacement = f"replica-{4 + trial}"
+            deployment.start_beat(replacement)
+            live.append(replacement)
+            _ready(deployment, replacement)
+    finally:
+        _close(bench, deployment)
+    bench.log(f"  failover: {[round(t, 3) for t in times]}")
+    label = f"failover, {trials} trials"
+    return [
+        Row(label, "kill to re-dispatch by another replica, median", seconds(median(times))),
+        Row(label, "kill to re-dispatch by another replica, max", seconds(max(times)),
+            stock="no takeover (one beat)", target="<= 1 s", met=max(times) <= 1.0),
+    ]
+
+
+def _claim_holder(deployment: Deployment, names: list[str], task_id: str) -> str:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for name in names:
+            if f"published {task_id}" in deployment.log_path(name).read_text(errors="replace"):
+                return name
+        time.sleep(0.01)
+    raise RuntimeError(f"no replica published {task_id} within 30 s")
+
+
+# Ledger size: 10 million historical runs ----------------------------------------------------------
+
+
+def history(bench: Bench) -> tuple[list[Row], dict[str, str]]:
+    """Claim and poll queries with ``history`` finished runs in the ledger; their plans.
+
+    Returns the rows and the EXPLAIN (ANALYZE, BUFFERS) text of each query.
+    """
+    total = bench.sizes.history
+    bench.grow_pool(bench.sizes.burst)
+    tasks = bench.pool[: bench.sizes.burst]
+    took = data.historical_runs(total, tasks)
+    bench.log(f"  {total:,} historical runs inserted in {took:.0f} s")
+    due = ledger.database_now() - timedelta(seconds=1)
+    data.move_pending(tasks[:100], due)
+    queries = {
+        "claim": _captured(lambda: ledger._claim_due(100, "default")),
+        "poll": _captured(ledger.poll),
+    }
+    intended = {"claim": "scheduling_run_pending_due", "poll": "scheduling_run_pending_due"}
+    rows, plans = [], {}
+    for name, (sql, params) in queries.items():
+        plans[name] = _explain(sql, params)
+        timings = [_timed(sql, params) for _ in range(20)]
+        uses = intended[name] in plans[name]
+        rows.append(Row(
+            f"ledger with {total:,} finished runs", f"{name} query (median of 20)",
+            ms(median(timings)), target=f"uses {intended[name]}", met=uses,
+        ))
+    return rows, plans
+
+
+def _captured(call) -> tuple[str, list]:
+    """The first SQL statement ``call`` runs, with its parameters; rolled back."""
+    seen: list[tuple[str, list]] = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append((sql, list(params or [])))
+        return execute(sql, params, many, context)
+
+    try:
+        with transaction.atomic(), connection.execute_wrapper(wrapper):
+            call()
+            raise _Rollback
+    except _Rollback:
+        pass
+    return next((sql, p) for sql, p in seen if "SAVEPOINT" not in sql.upper())
+
+
+class _Rollback(Exception):
+    pass
+
+
+def _explain(sql: str, params: list) -> str:
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+            text = "\n".join(row[0] for row in cursor.fetchall())
+            raise _Rollback(text)
+    except _Rollback as done:
+        return str(done)
+
+
+def _timed(sql: str, params: list) -> float:
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            started = time.perf_counter()
+            cursor.execute(sql, params)
+            cursor.fetchall()
+            raise _Rollback(time.perf_counter() - started)
+    except _Rollback as done:
+        return float(done.args[0])

@@ -1,0 +1,89 @@
+"""The benchmark's quick mode runs end to end and prints a complete, well-formed table.
+
+Not a timed test: the figures depend on the machine. It checks that every scenario's rows are
+there, each figure is a number with its unit, and each target row says met or NOT MET.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.acceptance.deployment import ROOT
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.once]
+
+#: (scenario prefix, measure prefix) of every row the quick run must print, in order.
+EXPECTED_ROWS = [
+    ("idle tick, 100 tasks", "queries / DB time per tick"),
+    ("idle tick, 1,000 tasks", "queries / DB time per tick"),
+    ("idle tick, 3,000 tasks", "queries / DB time per tick"),
+    ("idle tick, 3,000 vs 100 tasks", "DB time per tick ratio"),
+    ("burst 200 tasks", "all dispatched, 1 replica"),
+    ("burst 200 tasks", "all dispatched, 2 replicas"),
+    ("burst 200 tasks", "all dispatched, 4 replicas"),
+    ("burst 200 tasks", "3 replicas vs raw kombu publish"),
+    ("burst 200 tasks", "3 replicas vs 1 stock DatabaseScheduler"),
+    ("memory, 3,000 tasks", "RSS of one replica (peak)"),
+    ("lateness, 50 tasks/s, 3 replicas, 4 s", "lateness p99 (ledger"),
+    ("lateness, 50 tasks/s, 3 replicas, 4 s", "lateness max (ledger)"),
+    ("lateness, 50 tasks/s, 3 replicas, 4 s", "lateness p99 / max at the broker"),
+    ("edit storm, 300 crontab tasks", "lateness p99 (ledger"),
+    ("edit storm, 300 crontab tasks", "full reloads (full reconcile passes) during the storm"),
+    ("failover, 2 trials", "kill to re-dispatch by another replica, median"),
+    ("failover, 2 trials", "kill to re-dispatch by another replica, max"),
+    ("ledger with 50,000 finished runs", "claim query (median of 20)"),
+    ("ledger with 50,000 finished runs", "poll query (median of 20)"),
+]
+NUMBER = r"\d[\d,]*(\.\d+)?"
+#: What the "ours" cell of each kind of row looks like.
+OURS = {
+    "queries / DB time per tick": rf"^{NUMBER} q, {NUMBER} ms \(poll {NUMBER} q {NUMBER} ms;"
+    rf" reconcile {NUMBER} q {NUMBER} ms\)$",
+    "DB time per tick ratio": rf"^{NUMBER} ms / {NUMBER} ms$",
+    "all dispatched": rf"^{NUMBER} s \({NUMBER}/s\)$",
+    "3 replicas": rf"^{NUMBER} s \({NUMBER}/s\)$",
+    "RSS": rf"^{NUMBER} MB \(peak {NUMBER} MB\)$",
+    "lateness p99 (ledger": rf"^{NUMBER} ms$",
+    "lateness max": rf"^{NUMBER} ms$",
+    "lateness p99 / max at the broker": rf"^({NUMBER} ms / {NUMBER} ms; \d+ missing, \d+ extra"
+    r" copies|n/a for this broker)$",
+    "full reloads": r"^\d+$",
+    "kill to re-dispatch": rf"^{NUMBER} s$",
+    "claim query": rf"^{NUMBER} ms$",
+    "poll query": rf"^{NUMBER} ms$",
+}
+
+
+def test_quick_mode_prints_every_scenario_with_well_formed_figures():
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick"],
+        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    header, *rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
+    assert header == ["scenario", "measure", "ours", "stock", "raw publish", "ratio", "target",
+                      "met"]
+    assert len(rows) == len(EXPECTED_ROWS), result.stdout
+    for row, (scenario, measure) in zip(rows, EXPECTED_ROWS):
+        assert row[0].startswith(scenario) and row[1].startswith(measure), row
+        pattern = next(p for key, p in OURS.items() if row[1].startswith(key))
+        assert re.match(pattern, row[2]), row
+        assert row[7] in ({"met", "NOT MET"} if row[6] != "-" else {"-"}), row
+        if row[5] != "-":
+            assert re.search(NUMBER + "x", row[5]), row
+    burst_vs = {row[1]: row for row in rows if row[0].startswith("burst")}
+    assert re.match(rf"^{NUMBER} s \({NUMBER}/s\); default exchange {NUMBER} s \({NUMBER}/s\)$",
+                    burst_vs["3 replicas vs raw kombu publish"][4])
+    assert re.match(rf"^(>= )?{NUMBER} s", burst_vs["3 replicas vs 1 stock DatabaseScheduler"][3])
+    memory = next(row for row in rows if row[0].startswith("memory"))
+    assert re.match(rf"^{NUMBER} MB \(peak {NUMBER} MB\)$", memory[3])
+    assert re.search(r"^\d+ rows, \d+ targets not met; \d+ s; load average before ", result.stdout,
+                     re.MULTILINE)
+    assert "wrote" not in result.stdout  # quick mode writes no document

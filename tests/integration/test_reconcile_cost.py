@@ -1,0 +1,107 @@
+"""Reconcile passes cost what changed, not the number of tasks (issue 6, docs/benchmarks.md).
+
+A replica checks every task at its start (and every SCHEDULING_FULL_RECONCILE_INTERVAL); its
+other passes read the change log: created tasks ('unplanned', by the insert trigger), edits, and
+tasks whose schedule gave no next slot at claim time.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+from django_celery_beat.models import IntervalSchedule
+
+from project.celery import app
+from scheduling import ledger
+from scheduling.models import Run, ScheduleChange
+from scheduling.schedulers import LedgerScheduler
+from tests.integration.conftest import GRACE, claim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _statements(captured: CaptureQueriesContext) -> list[str]:
+    """The statements run, without transaction control (BEGIN, COMMIT, savepoints)."""
+    control = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
+    return [q["sql"] for q in captured.captured_queries if not q["sql"].startswith(control)]
+
+
+@pytest.mark.parametrize("tasks", [3, 60])
+def test_a_pass_with_nothing_changed_runs_three_queries_and_reads_no_task(make_task, tasks):
+    for _ in range(tasks):
+        make_task(every=3600)
+    ledger.reconcile(GRACE)
+    ScheduleChange.objects.all().delete()
+    with CaptureQueriesContext(connection) as captured:
+        assert ledger.reconcile(GRACE, full=False) == 0
+    statements = _statements(captured)
+    assert [s.split()[0] for s in statements] == ["DELETE", "SELECT", "SELECT"]
+    assert not any("django_celery_beat_periodictask" in s for s in statements)
+
+
+def test_a_created_task_is_logged_unplanned_and_planned_by_the_next_pass(make_task):
+    task = make_task(every=3600)
+    assert list(ScheduleChange.objects.values_list("kind", "object_id")) == [
+        (ScheduleChange.Kind.UNPLANNED, task.pk)
+    ]
+    assert ledger.reconcile(GRACE, full=False) == 1
+    assert Run.objects.pending().filter(periodic_task=task).count() == 1
+    assert ledger.reconcile(GRACE, full=False) == 0  # logged still, and planned already
+
+
+def test_a_schedule_that_fails_at_claim_time_is_logged_and_its_error_recorded(make_task, recorder):
+    # The next slot after the first is 8,000 years away: past datetime's range.
+    task = make_task(every=3_000_000, period=IntervalSchedule.DAYS,
+                     start_time=ledger.database_now() - timedelta(seconds=1))
+    ledger.reconcile(GRACE)
+    ScheduleChange.objects.all().delete()
+    assert [d.status for d in claim(recorder)] == [Run.Status.DISPATCHED]
+    assert list(ScheduleChange.objects.values_list("kind", "object_id")) == [
+        (ScheduleChange.Kind.UNPLANNED, task.pk)
+    ]
+    assert ledger.reconcile(GRACE, full=False) == 1
+    failed = Run.objects.get(periodic_task=task, status=Run.Status.FAILED)
+    assert (failed.reason, failed.error) == (
+        "invalid schedule", f"the next slot of {task.name!r} is out of range"
+    )
+
+
+def test_the_scheduler_checks_every_task_only_at_start_and_every_full_interval(make_task, caplog):
+    make_task(every=3600)
+    scheduler = LedgerScheduler(app=app)
+    logging.getLogger("scheduling.schedulers").addHandler(caplog.handler)  # it does not propagate
+    with caplog.at_level(logging.INFO, logger="scheduling.schedulers"):
+        scheduler.tick()
+        created = make_task(every=3600)  # moves the change marker: a pass on the next tick
+        scheduler.tick()
+        full = [r for r in caplog.records if r.getMessage().startswith("full reconcile")]
+        assert [r.getMessage().split(" in ")[0] for r in full] == ["full reconcile: planned 1 runs"]
+        assert Run.objects.pending().filter(periodic_task=created).count() == 1
+        with override_settings(SCHEDULING_FULL_RECONCILE_INTERVAL=0):
+            make_task(every=3600)
+            scheduler.tick()
+    logging.getLogger("scheduling.schedulers").removeHandler(caplog.handler)
+    full = [r for r in caplog.records if r.getMessage().startswith("full reconcile")]
+    assert len(full) == 2
+
+
+def test_the_claim_and_the_poll_read_the_pending_index_in_slot_order(make_task):
+    for _ in range(5):
+        make_task(every=3600)
+    ledger.reconcile(GRACE)
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")  # a tiny table: show the plan a big one gets
+        cursor.execute(
+            "EXPLAIN SELECT id FROM scheduling_run WHERE status = 'pending'"
+            " AND scheduled_for <= statement_timestamp() ORDER BY scheduled_for, id LIMIT 100"
+        )
+        claim_plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET enable_seqscan")
+    assert "Scan using scheduling_run_pending_due" in claim_plan
+    assert "Index Cond: (scheduled_for <= statement_timestamp())" in claim_plan
+    assert "Sort" not in claim_plan  # the index is in the claim's order (scheduled_for, id)
