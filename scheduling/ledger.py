@@ -21,7 +21,7 @@ from django.db import connections, transaction
 from django.db.models import DateTimeField, Exists, F, Func, OuterRef, Q, QuerySet, Subquery
 from django.db.models import Case, IntegerField, TextField, Value, When, Window
 from django.db.models.functions import RowNumber
-from django_celery_beat.models import PeriodicTask, PeriodicTasks
+from django_celery_beat.models import PeriodicTask
 from psycopg import sql
 
 from scheduling import slots
@@ -337,41 +337,42 @@ def _replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> No
                 periodic_task__enabled=True,
                 scheduled_for__gt=ClockTimestamp(),
             )
+            .annotate(last_slot=Subquery(_last_slot_of_task()))
             .select_related(*_SCHEDULE_RELATED)
             .select_for_update(skip_locked=True, of=("self",))
         )
+        moved: list[int] = []
         replacements: list[Run] = []
         for run in edited:
             task = run.periodic_task
             try:
-                slot = slots.initial_run(
-                    task, now, last_slot=_last_slot(task, using), grace=timedelta(0)
-                )
+                slot = slots.initial_run(task, now, last_slot=run.last_slot, grace=timedelta(0))
             except ScheduleError:
                 slot = None  # plan_missing records the schedule's error
             if slot == run.scheduled_for:
                 continue
-            Run.objects.using(using).filter(pk=run.pk).update(
-                status=Run.Status.CANCELLED, reason="schedule edited", finished_at=ClockTimestamp()
-            )
+            moved.append(run.pk)
             if slot is not None:
                 replacements.append(_planned(task, slot))
             logger.info(
                 "re-planning %s after an edit: %s -> %s",
                 task.name, run.scheduled_for, slot, extra={"action": "replan"},
             )
+        if moved:
+            Run.objects.using(using).filter(pk__in=moved).update(
+                status=Run.Status.CANCELLED, reason="schedule edited", finished_at=ClockTimestamp()
+            )
         _insert(replacements, using)
 
 
-def _last_slot(task: PeriodicTask, using: str) -> datetime | None:
+def _last_slot_of_task() -> QuerySet[Run]:
+    """The newest slot the row's task ran (or missed, skipped...): not pending, not cancelled."""
     return (
-        Run.objects.using(using)
-        .scheduled()
-        .filter(periodic_task=task)
+        Run.objects.scheduled()
+        .filter(periodic_task=OuterRef("periodic_task"))
         .exclude(status__in=(Run.Status.PENDING, Run.Status.CANCELLED))
         .order_by("-scheduled_for")
-        .values_list("scheduled_for", flat=True)
-        .first()
+        .values("scheduled_for")[:1]
     )
 
 
