@@ -27,6 +27,12 @@ DEFAULTS: dict[str, _Setting] = {
     ),
     "MAX_INTERVAL": _Setting(1.0, "Longest sleep between two ticks of a replica, in seconds."),
     "BATCH_SIZE": _Setting(100, "Most runs one claim transaction dispatches."),
+    "PREPARED_CLAIM": _Setting(
+        True,
+        "Send the claim query as a server-side prepared statement (planned once per database "
+        "session, not at every claim). Set False behind a pooler that cannot keep prepared "
+        "statements (PgBouncer in transaction mode before 1.21).",
+    ),
     "MISFIRE_GRACE_SECONDS": _Setting(
         60.0, "A run dispatched later than this after its slot is a misfire (coalesced)."
     ),
@@ -121,6 +127,10 @@ class Conf:
     @property
     def batch_size(self) -> int:
         return int(self._get("BATCH_SIZE"))  # type: ignore[arg-type]
+
+    @property
+    def prepared_claim(self) -> bool:
+        return bool(self._get("PREPARED_CLAIM"))
 
     @property
     def misfire_grace_seconds(self) -> float:

@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from functools import cached_property
 from typing import Any
@@ -158,7 +158,7 @@ class LedgerScheduler(DatabaseScheduler):
             return min(self.max_interval, wait if wait is not None else self.max_interval)
         self._connected_producer()  # reach the broker before taking any lock
         batch = conf.batch_size
-        with _stop_signals_deferred():
+        with _stop_signals_deferred(), self._publish_batch() as buffered:
             started = time.monotonic()
             dispatched = ledger.claim_and_dispatch(
                 self._publish,
@@ -166,6 +166,7 @@ class LedgerScheduler(DatabaseScheduler):
                 batch_size=batch,
                 grace=grace,
                 pause_after_publish=conf.test_pause_after_publish,
+                flush=buffered.flush,
             )
         self.heartbeat.claimed(len(dispatched))
         metrics.observe_claim(dispatched, self.replica_id, time.monotonic() - started)
@@ -211,6 +212,19 @@ class LedgerScheduler(DatabaseScheduler):
         return self.app.connection_for_write(
             connect_timeout=timeout, transport_options=broker_timeout_options(driver, timeout)
         )
+
+    def _publish_batch(self) -> Any:
+        """Buffer one claim's publishes: kombu's ``Producer.batch`` (kombu 5.7 and later).
+
+        On Redis the messages then go in pipelines, flushed by the ledger every
+        ``ledger.FLUSH_EVERY`` runs and after the last, before the claim's writes and commit;
+        transports without batching (and older kombu) publish each message at once and the
+        flush does nothing. Leaving the context after an error discards what was not sent.
+        """
+        batch = getattr(self.producer, "batch", None)
+        if batch is None:
+            return nullcontext(_Unbuffered())
+        return batch()
 
     def _publish(self, message: Message) -> None:
         if conf.reject_unknown_tasks and message.name not in self.app.tasks:
@@ -258,6 +272,13 @@ class LedgerScheduler(DatabaseScheduler):
     @property
     def info(self) -> str:
         return f"    . replica -> {self.replica_id}\n    . run ledger -> scheduling.models.Run"
+
+
+class _Unbuffered:
+    """What ``_publish_batch`` gives when the producer cannot buffer: nothing to flush."""
+
+    def flush(self) -> None:
+        """Nothing is held back: every publish was sent when it was made."""
 
 
 def retry_delay(
