@@ -684,7 +684,7 @@ def claim_and_dispatch(
 
         def send() -> None:
             if flush is not None and unsent:
-                _flush(flush)
+                _flush(flush, unsent)
                 sent_at = claimed_at + timedelta(seconds=time.monotonic() - started)
                 for published in unsent:
                     published.dispatched_at = sent_at
@@ -775,12 +775,14 @@ def claim_and_dispatch(
     return result
 
 
-def _flush(flush: Callable[[], None]) -> None:
+def _flush(flush: Callable[[], None], runs: list[Run]) -> None:
+    """Send the buffered messages of ``runs``; raise PublishFailed naming them if that fails."""
     try:
         flush()
     except Exception as exc:
         cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
-        raise PublishFailed(f"cannot publish the claim's messages: {exc}{cause}") from exc
+        ids = ", ".join(run.task_id for run in runs)
+        raise PublishFailed(f"cannot publish runs {ids}: {exc}{cause}") from exc
 
 
 def _claim_due(batch_size: int, using: str) -> list[Run]:

@@ -79,7 +79,7 @@ def test_a_publish_to_a_frozen_broker_fails_within_the_broker_timeout(proxied_ap
     print(f"frozen publish failed after {elapsed:.2f} s")
     assert elapsed < 4 * TIMEOUT + 1.0
     assert [r for r in records if "unavailable" in r] == [
-        "broker unavailable, retrying with backoff: cannot publish the claim's messages: Redis"
+        f"broker unavailable, retrying with backoff: cannot publish runs {run.task_id}: Redis"
         " publish batch failed; delivery is uncertain (Timeout reading from socket)"
         if settings.CELERY_BROKER_URL.startswith("redis://")  # one pipeline per claim
         else f"broker unavailable, retrying with backoff: cannot publish run {run.task_id}: "

@@ -78,10 +78,11 @@ def test_a_failed_flush_rolls_the_claim_back(make_task, recorder):
     def flush() -> None:
         raise ConnectionError("broker went away")
 
-    with pytest.raises(PublishFailed, match="broker went away"):
+    with pytest.raises(PublishFailed) as failed:
         ledger.claim_and_dispatch(
             recorder, replica_id="test:1", batch_size=10, grace=GRACE, flush=flush
         )
+    assert str(failed.value) == f"cannot publish runs {run.task_id}: broker went away"
     run.refresh_from_db()
     assert (run.status, run.claimed_by, run.dispatched_at) == (Run.Status.PENDING, "", None)
     assert Run.objects.filter(periodic_task=task).count() == 1  # no next slot planned either
@@ -142,4 +143,25 @@ def test_the_claim_flushes_every_16_runs_and_records_each_runs_flush_time(make_t
     assert [d.lateness for d in dispatched] == [
         (r.dispatched_at - r.scheduled_for).total_seconds()
         for r in sorted(runs, key=lambda r: (r.scheduled_for, r.pk))
+    ]
+
+
+def test_the_ledger_has_no_index_that_another_one_already_serves():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'scheduling_run' ORDER BY 1"
+        )
+        names = [name for (name,) in cursor.fetchall()]
+    # every index is written at each plan and dispatch: lookups by task use _recent
+    assert names == [
+        "scheduling_run_one_backfill_per_slot",
+        "scheduling_run_one_pending_per_task",
+        "scheduling_run_one_per_slot",
+        "scheduling_run_pending_due",
+        "scheduling_run_pending_orphan",
+        "scheduling_run_pkey",
+        "scheduling_run_recent",
+        "scheduling_run_task_id",
+        "scheduling_run_unfinished",
+        "scheduling_run_unique_task_id",
     ]
