@@ -724,14 +724,15 @@ def claim_and_dispatch(
             elif not over and task.enabled and run.status != Run.Status.CANCELLED:
                 unplanned.add(task.pk)  # its schedule gave no next slot: reconcile says why
         send()
-        _update_runs(
-            runs,
-            ("status", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at"),
-            using,
-        )
-        _insert(missed, using)
-        _insert_pending(following, using)
-        _update_tasks(task_updates, using)
+        with _pipelined(using):  # one round trip for the claim's writes
+            _update_runs(
+                runs,
+                ("status", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at"),
+                using,
+            )
+            _insert(missed, using)
+            _insert_pending(following, using)
+            _update_tasks(task_updates, using)
         if unplanned:
             note_unplanned(unplanned, using)
         if pause_after_publish:
@@ -789,13 +790,13 @@ def _claim_due(batch_size: int, using: str) -> list[Run]:
     """Lock up to ``batch_size`` due pending runs (SKIP LOCKED) with their tasks and policies.
 
     A schedule row Django cannot load (an unknown time zone written by raw SQL, say) must not stop
-    every other run: the joined query is tried in a savepoint, and on such an error the runs are
-    claimed alone and each task is loaded on its own; a task that still cannot be loaded leaves
-    its run ``load_error`` set, and the run is recorded failed with that error.
+    every other run: on such an error, raised in Python while the rows are turned into models
+    (the query itself succeeded and its locks are held), the runs are claimed alone and each task
+    is loaded on its own; a task that still cannot be loaded leaves its run ``load_error`` set,
+    and the run is recorded failed with that error.
     """
     try:
-        with transaction.atomic(using=using):
-            return _CompiledClaim.of(batch_size, using).fetch()
+        return _CompiledClaim.of(batch_size, using).fetch()
     except _LOAD_ERRORS as exc:
         logger.error(
             "a schedule row cannot be loaded (%s); claiming run by run", exc,
@@ -880,6 +881,22 @@ class _CompiledClaim:
                 setattr(run, name, row[position])
             runs.append(run)
         return runs
+
+
+@contextmanager
+def _pipelined(using: str) -> Iterator[None]:
+    """Send the body's statements in one psycopg pipeline: one round trip, results not read.
+
+    The statements run in order, as usual; an error is raised when the pipeline ends (as Django's
+    error, like any other statement's). Only for statements whose results are not read.
+    """
+    connection = connections[using]
+    raw = connection.connection
+    if not hasattr(raw, "pipeline"):
+        yield  # psycopg 2
+        return
+    with connection.wrap_database_errors, raw.pipeline():
+        yield
 
 
 @contextmanager
