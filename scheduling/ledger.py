@@ -190,6 +190,30 @@ def database_now(using: str = "default") -> datetime:
 
 #: Key of the transaction-level advisory lock that serializes CELERY_BEAT_SCHEDULE syncs.
 _BEAT_SCHEDULE_LOCK = 0x5C4ED01E
+#: Key of the session-level advisory lock a replica holds while it reconciles.
+_RECONCILE_LOCK = 0x5C4ED01F
+
+
+@contextmanager
+def reconcile_turn(using: str = "default") -> Iterator[bool]:
+    """Yield whether this replica may reconcile now: no other replica is reconciling.
+
+    ``pg_try_advisory_lock`` (session level, released on exit or when the session ends, a killed
+    replica included): replicas that see the same edit do not all stop dispatching to re-plan
+    it. The replica that holds the turn recorded the change marker before its pass, so a change
+    committed during the pass moves the marker past it and it passes again; if it dies
+    mid-pass, every replica's periodic pass (``SCHEDULING_RECONCILE_INTERVAL``) reads the change
+    log again.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [_RECONCILE_LOCK])
+        mine = cursor.fetchone()[0]
+    try:
+        yield mine
+    finally:
+        if mine:
+            with connections[using].cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [_RECONCILE_LOCK])
 
 
 @contextmanager

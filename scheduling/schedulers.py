@@ -139,18 +139,23 @@ class LedgerScheduler(DatabaseScheduler):
         if poll.change_marker != self._marker or (
             time.monotonic() - self._last_reconcile >= conf.reconcile_interval
         ):
-            try:
-                self._reconcile(grace)
-            except (OperationalError, InterfaceError):
-                raise
-            except Exception:  # noqa: BLE001 - planning trouble must not stop dispatching
-                logger.exception(
-                    "reconcile failed; due runs are still dispatched, next try in %.0f s",
-                    conf.reconcile_interval, extra={"action": "reconcile_failed"},
-                )
+            # One replica at a time: the others go on dispatching. The one reconciling saw an
+            # older marker than any change made after its poll, so it passes again for those.
+            with ledger.reconcile_turn() as mine:
+                if mine:
+                    try:
+                        self._reconcile(grace)
+                    except (OperationalError, InterfaceError):
+                        raise
+                    except Exception:  # noqa: BLE001 - planning trouble must not stop dispatching
+                        logger.exception(
+                            "reconcile failed; due runs are still dispatched, next try in %.0f s",
+                            conf.reconcile_interval, extra={"action": "reconcile_failed"},
+                        )
             self._marker = poll.change_marker
             self._last_reconcile = time.monotonic()
-            poll = ledger.poll()
+            if mine:
+                poll = ledger.poll()
         wait = poll.seconds_until_due()
         if wait is None or wait > 0:
             if wait is None or wait > 0.25:

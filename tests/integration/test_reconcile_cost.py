@@ -26,9 +26,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _statements(captured: CaptureQueriesContext) -> list[str]:
-    """The statements run, without transaction control (BEGIN, COMMIT, savepoints)."""
+    """The statements run, without transaction control (BEGIN, COMMIT, savepoints).
+
+    The prepared claim has no text in Django's query log (psycopg keeps none): it is left out.
+    """
     control = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
-    return [q["sql"] for q in captured.captured_queries if not q["sql"].startswith(control)]
+    queries = [q["sql"] for q in captured.captured_queries if q["sql"] is not None]
+    return [sql for sql in queries if not sql.startswith(control)]
 
 
 @pytest.mark.parametrize("tasks", [3, 60])
@@ -105,3 +109,51 @@ def test_the_claim_and_the_poll_read_the_pending_index_in_slot_order(make_task):
     assert "Scan using scheduling_run_pending_due" in claim_plan
     assert "Index Cond: (scheduled_for <= statement_timestamp())" in claim_plan
     assert "Sort" not in claim_plan  # the index is in the claim's order (scheduled_for, id)
+
+
+def test_one_replica_reconciles_at_a_time_and_the_others_go_on_dispatching(
+    make_task, raw_connection
+):
+    scheduler = LedgerScheduler(app=app)
+    scheduler.tick()  # its startup pass
+    start = ledger.database_now() - timedelta(seconds=0.5)
+    due = make_task(every=3600, start_time=start)
+    # another replica is reconciling: it holds the turn (its session's advisory lock)
+    raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+    with ledger.reconcile_turn() as mine:
+        assert mine is False
+    ledger.reconcile(GRACE, full=False)  # what that replica's pass does: plans the new task
+    with CaptureQueriesContext(connection) as captured:
+        scheduler.tick()  # the marker moved: this replica skips the pass and dispatches
+    assert not any("scheduling_schedulechange" in s for s in _statements(captured))
+    assert scheduler._marker == ledger.poll().change_marker
+    assert Run.objects.get(periodic_task=due, scheduled_for=start).status == "dispatched"
+    raw_connection.execute("SELECT pg_advisory_unlock(%s)", [ledger._RECONCILE_LOCK])
+
+    with ledger.reconcile_turn() as mine:
+        assert mine is True
+        with raw_connection.cursor() as other:  # held: another session does not get it
+            other.execute("SELECT pg_try_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+            assert other.fetchone() == (False,)
+    with raw_connection.cursor() as other:  # released on exit
+        other.execute("SELECT pg_try_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+        assert other.fetchone() == (True,)
+
+
+def test_a_replica_that_skipped_its_turn_passes_again_when_its_interval_is_up(
+    make_task, raw_connection, caplog
+):
+    scheduler = LedgerScheduler(app=app)
+    raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+    logging.getLogger("scheduling.schedulers").addHandler(caplog.handler)  # it does not propagate
+    with caplog.at_level(logging.INFO, logger="scheduling.schedulers"):
+        scheduler.tick()  # startup: another replica holds the turn, so no pass here
+        assert not any("full reconcile" in m for m in caplog.messages)
+        raw_connection.execute("SELECT pg_advisory_unlock(%s)", [ledger._RECONCILE_LOCK])
+        task = make_task(every=3600)
+        with override_settings(SCHEDULING_RECONCILE_INTERVAL=0):
+            scheduler.tick()
+    assert [m for m in caplog.messages if "full reconcile" in m] == [
+        "full reconcile: planned 1 runs in " + caplog.messages[-1].rsplit(" in ", 1)[1]
+    ]
+    assert Run.objects.pending().filter(periodic_task=task).count() == 1
