@@ -748,15 +748,16 @@ def claim_and_dispatch(
             elif not over and task.enabled and run.status != Run.Status.CANCELLED:
                 unplanned.add(task.pk)  # its schedule gave no next slot: reconcile says why
         send()
-        with _pipelined(using):  # one round trip for the claim's writes
-            _update_runs(
-                runs,
-                ("status", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at"),
-                using,
-            )
-            _insert(missed, using)
-            _insert_pending(following, using)
-            _update_tasks(task_updates, using)
+        # Not in a psycopg pipeline: after one, PostgreSQL did not end the session when it then
+        # sat idle in the transaction, and that bound is what frees a frozen replica's claim.
+        _update_runs(
+            runs,
+            ("status", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at"),
+            using,
+        )
+        _insert(missed, using)
+        _insert_pending(following, using)
+        _update_tasks(task_updates, using)
         if unplanned:
             note_unplanned(unplanned, using)
         if pause_after_publish:
@@ -905,22 +906,6 @@ class _CompiledClaim:
                 setattr(run, name, row[position])
             runs.append(run)
         return runs
-
-
-@contextmanager
-def _pipelined(using: str) -> Iterator[None]:
-    """Send the body's statements in one psycopg pipeline: one round trip, results not read.
-
-    The statements run in order, as usual; an error is raised when the pipeline ends (as Django's
-    error, like any other statement's). Only for statements whose results are not read.
-    """
-    connection = connections[using]
-    raw = connection.connection
-    if not hasattr(raw, "pipeline"):
-        yield  # psycopg 2
-        return
-    with connection.wrap_database_errors, raw.pipeline():
-        yield
 
 
 @contextmanager

@@ -79,8 +79,10 @@ def test_quick_mode_prints_every_scenario_with_well_formed_figures():
         if row[5] != "-":
             assert re.search(NUMBER + "x", row[5]), row
     burst_vs = {row[1]: row for row in rows if row[0].startswith("burst")}
-    assert re.match(rf"^{NUMBER} s \({NUMBER}/s\); default exchange {NUMBER} s \({NUMBER}/s\)$",
-                    burst_vs["3 replicas vs raw kombu publish"][4])
+    assert re.match(
+        rf"^kombu {NUMBER} s \({NUMBER}/s\); Celery send_task, no ledger {NUMBER} s \({NUMBER}/s\)$",
+        burst_vs["3 replicas vs raw kombu publish"][4],
+    )
     assert re.match(rf"^(>= )?{NUMBER} s", burst_vs["3 replicas vs 1 stock DatabaseScheduler"][3])
     memory = next(row for row in rows if row[0].startswith("memory"))
     assert re.match(rf"^{NUMBER} MB \(peak {NUMBER} MB\)$", memory[3])
