@@ -36,7 +36,7 @@ EXPECTED_ROWS = [
     ("edit storm, 300 crontab tasks", "full reloads (full reconcile passes) during the storm"),
     ("failover, 2 trials", "kill to re-dispatch by another replica, median"),
     ("failover, 2 trials", "kill to re-dispatch by another replica, max"),
-    ("ledger with 50,000 finished runs", "claim query (median of 20)"),
+    ("ledger with 50,000 finished runs", "claim query, prepared as the scheduler sends it,"),
     ("ledger with 50,000 finished runs", "poll query (median of 20)"),
 ]
 NUMBER = r"\d[\d,]*(\.\d+)?"
