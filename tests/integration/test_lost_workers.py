@@ -11,6 +11,7 @@ import time
 
 import psycopg
 import pytest
+from django.db import connection
 
 from scheduling import guard, ledger
 from scheduling.models import Run
@@ -40,6 +41,21 @@ def hold_lock(conn: psycopg.Connection, run: Run, retries: int = 0) -> None:
     conn.commit()
 
 
+def die(conn: psycopg.Connection) -> None:
+    """Close ``conn`` as a dying worker does, and wait until the server has ended its session
+    (the backend exits a moment after the client is gone, and only then frees the locks)."""
+    pid = conn.info.backend_pid
+    conn.close()
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+            if cursor.fetchone()[0] == 0:
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"backend {pid} still there 10 s after its client closed")
+
+
 def status(run: Run) -> tuple[str, str]:
     run.refresh_from_db()
     return run.status, run.reason
@@ -63,7 +79,7 @@ def test_a_run_is_closed_only_after_its_lock_stayed_free_for_the_bound(running, 
     hold_lock(raw_connection, running)
     lost = ledger.LostExecutions(after=0.5)
     assert ledger.close_lost_executions(lost) == []
-    raw_connection.close()  # the worker dies: the server frees its lock
+    die(raw_connection)  # the worker dies: the server frees its lock
     assert ledger.close_lost_executions(lost) == []  # first seen free now
     assert list(lost.first_seen) == [(running.pk, 1)]
     time.sleep(0.6)
@@ -90,7 +106,7 @@ def test_a_redelivery_that_runs_it_again_resets_the_watch(running, raw_connectio
     )
     assert again.execute
     assert ledger.close_lost_executions(lost) == []
-    raw_connection.close()  # that one dies too: a new watch, keyed by the new execution count
+    die(raw_connection)  # that one dies too: a new watch, keyed by the new execution count
     assert ledger.close_lost_executions(lost) == []
     assert list(lost.first_seen) == [(running.pk, 2)]
 
