@@ -46,6 +46,10 @@ logger = logging.getLogger(__name__)
 _UNSEEN = object()
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
 _BACKOFF_BASE = 0.5
+#: Seconds a replica waits for another replica's reconcile turn before it takes the holder to be
+#: stuck and reconciles anyway (a pass normally takes milliseconds; a full one at 100k tasks, a
+#: few seconds).
+TURN_PATIENCE = 10.0
 #: One immediate retry of a publish (a stale pooled connection reconnects); each attempt is
 #: bounded by SCHEDULING_BROKER_TIMEOUT, so a dead broker fails the publish in seconds.
 _PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0,
@@ -67,6 +71,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._marker: object = _UNSEEN
         self._last_reconcile = 0.0
         self._last_full_reconcile: float | None = None
+        self._turn_awaited_since: float | None = None
         self._failures = 0
         self._failing = ""
         self.heartbeat = Heartbeat(self.replica_id)
@@ -136,26 +141,11 @@ class LedgerScheduler(DatabaseScheduler):
         ledger.configure_session()
         grace = timedelta(seconds=conf.misfire_grace_seconds)
         poll = ledger.poll()
-        if poll.change_marker != self._marker or (
+        stale = poll.change_marker != self._marker or (
             time.monotonic() - self._last_reconcile >= conf.reconcile_interval
-        ):
-            # One replica at a time: the others go on dispatching. The one reconciling saw an
-            # older marker than any change made after its poll, so it passes again for those.
-            with ledger.reconcile_turn() as mine:
-                if mine:
-                    try:
-                        self._reconcile(grace)
-                    except (OperationalError, InterfaceError):
-                        raise
-                    except Exception:  # noqa: BLE001 - planning trouble must not stop dispatching
-                        logger.exception(
-                            "reconcile failed; due runs are still dispatched, next try in %.0f s",
-                            conf.reconcile_interval, extra={"action": "reconcile_failed"},
-                        )
-            self._marker = poll.change_marker
-            self._last_reconcile = time.monotonic()
-            if mine:
-                poll = ledger.poll()
+        )
+        if (stale or self._turn_awaited_since is not None) and self._take_turn(poll, stale, grace):
+            poll = ledger.poll()
         wait = poll.seconds_until_due()
         if wait is None or wait > 0:
             if wait is None or wait > 0.25:
@@ -178,6 +168,47 @@ class LedgerScheduler(DatabaseScheduler):
         # More may be due (a full batch) or planned already due (a catching-up interval): look
         # again at once. Runs locked by other replicas are theirs; come back after a short nap.
         return 0.0 if dispatched else min(self.max_interval, 0.05)
+
+    def _take_turn(self, poll: ledger.Poll, stale: bool, grace: timedelta) -> bool:
+        """Reconcile when it is this replica's turn; return whether it did.
+
+        One replica reconciles at a time (``ledger.reconcile_turn``); the others go on dispatching
+        and trust its pass: it saw an older marker than any change made after its poll, so it
+        passes again for those. A replica that found the turn taken checks each tick whether it
+        is free again; if the same wait lasts ``TURN_PATIENCE`` seconds the holder is taken to be
+        stuck (frozen by SIGSTOP or a paused VM keeps its session, and so the lock) and this
+        replica reconciles anyway: passes are safe concurrently, only wasteful.
+        """
+        now = time.monotonic()
+        waited = now - self._turn_awaited_since if self._turn_awaited_since is not None else 0.0
+        with ledger.reconcile_turn() as mine:
+            if mine and not stale:  # the awaited holder finished (or ended): its pass stands
+                self._turn_awaited_since = None
+                return False
+            if not mine and waited < TURN_PATIENCE:
+                if self._turn_awaited_since is None:
+                    self._turn_awaited_since = now
+                self._marker = poll.change_marker
+                self._last_reconcile = now
+                return False
+            if not mine:
+                logger.warning(
+                    "another replica has held the reconcile turn for %.0f s; reconciling anyway",
+                    waited, extra={"action": "reconcile_turn_stuck", "replica": self.replica_id},
+                )
+            try:
+                self._reconcile(grace)
+            except (OperationalError, InterfaceError):
+                raise
+            except Exception:  # noqa: BLE001 - planning trouble must not stop dispatching
+                logger.exception(
+                    "reconcile failed; due runs are still dispatched, next try in %.0f s",
+                    conf.reconcile_interval, extra={"action": "reconcile_failed"},
+                )
+        self._turn_awaited_since = None
+        self._marker = poll.change_marker
+        self._last_reconcile = now
+        return True
 
     def _reconcile(self, grace: timedelta) -> None:
         """Reconcile from the change log; check every task at start and every full interval."""

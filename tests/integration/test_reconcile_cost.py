@@ -157,3 +157,49 @@ def test_a_replica_that_skipped_its_turn_passes_again_when_its_interval_is_up(
         "full reconcile: planned 1 runs in " + caplog.messages[-1].rsplit(" in ", 1)[1]
     ]
     assert Run.objects.pending().filter(periodic_task=task).count() == 1
+
+
+def test_a_turn_held_past_the_patience_is_taken_as_stuck_and_the_replica_reconciles_anyway(
+    make_task, raw_connection, caplog, monkeypatch
+):
+    scheduler = LedgerScheduler(app=app)
+    scheduler.tick()  # its startup pass
+    # a replica frozen mid-pass (SIGSTOP): its session, and so the turn, lives on
+    raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+    task = make_task(every=3600)
+    monkeypatch.setattr("scheduling.schedulers.TURN_PATIENCE", 0.3)
+    logging.getLogger("scheduling.schedulers").addHandler(caplog.handler)  # it does not propagate
+    with caplog.at_level(logging.WARNING, logger="scheduling.schedulers"):
+        scheduler.tick()  # the turn is taken: trust the holder for now
+        assert Run.objects.pending().filter(periodic_task=task).count() == 0
+        started = ledger.database_now()
+        while ledger.database_now() - started < timedelta(seconds=0.35):
+            scheduler.tick()  # checks the turn each tick, and passes once patience runs out
+        assert Run.objects.pending().filter(periodic_task=task).count() == 1
+    waited = [m for m in caplog.messages if "reconcile turn" in m]
+    assert waited == [
+        "another replica has held the reconcile turn for 0 s; reconciling anyway"
+    ]
+    assert scheduler._turn_awaited_since is None
+
+
+def test_a_replica_stops_checking_the_turn_once_the_holder_has_finished(
+    make_task, raw_connection
+):
+    scheduler = LedgerScheduler(app=app)
+    scheduler.tick()  # its startup pass
+    raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+    make_task(every=3600)
+    scheduler.tick()  # the turn is taken: it trusts the holder and waits on it
+    assert scheduler._turn_awaited_since is not None
+    ledger.reconcile(GRACE, full=False)  # the holder's pass
+    raw_connection.execute("SELECT pg_advisory_unlock(%s)", [ledger._RECONCILE_LOCK])
+    with CaptureQueriesContext(connection) as captured:
+        scheduler.tick()  # the turn is free and nothing changed since: no pass of its own
+    statements = _statements(captured)
+    assert not any("scheduling_schedulechange" in s for s in statements)
+    assert sum("pg_try_advisory_lock" in s for s in statements) == 1
+    assert scheduler._turn_awaited_since is None
+    with CaptureQueriesContext(connection) as captured:
+        scheduler.tick()  # and it no longer asks
+    assert not any("advisory" in s for s in _statements(captured))
