@@ -5,6 +5,9 @@ The server ends the frozen replica's transaction after ``idle_in_transaction_ses
 replicas dispatch the runs within that bound plus one second. When the frozen replica wakes, its
 commit fails on the ended session: nothing is committed twice, and the copies it published before
 freezing are dropped by the worker guard, so every run executes once.
+
+A replica frozen in a reconcile pass instead holds the reconcile turn (a session-level advisory
+lock, which no server timeout ends): the others plan past it after TURN_PATIENCE (issue 6).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from django_celery_beat.models import ClockedSchedule
 
 from scheduling import ledger
 from scheduling.models import Run
+from scheduling.schedulers import TURN_PATIENCE
 from tests.acceptance.deployment import Deployment, drain, wait_until
 
 # The database's own bounds and locks are the point; the broker in use is incidental.
@@ -84,3 +88,46 @@ def test_a_replica_frozen_mid_claim_is_bounded_by_the_server(tmp_path, make_task
     }
     executed = sorted(e["task_id"] for e in deployment.executions())
     assert executed == sorted(r.task_id for r in final)
+
+
+def test_a_reconcile_turn_held_by_a_frozen_session_delays_planning_by_the_patience_only(
+    tmp_path, make_task, raw_connection
+):
+    """A replica frozen mid-pass keeps its session, and so the reconcile turn, while frozen.
+
+    Here the frozen holder is a session that took the turn and never lets it go. The replicas
+    trust it for TURN_PATIENCE seconds, then plan the new task themselves and dispatch it.
+    """
+    deployment = Deployment(tmp_path)
+    names = ("replica-1", "replica-2")
+    try:
+        for name in names:
+            deployment.start_beat(name)
+        # One startup pass (the other replica found the turn taken and trusted it); a tick later
+        # both see the turn free: the next pass is for the new task.
+        wait_until(
+            lambda: any(
+                "full reconcile: planned" in deployment.log_path(name).read_text()
+                for name in names
+            ),
+            timeout=60,
+        )
+        time.sleep(2 * 1.0)  # two ticks at SCHEDULING_MAX_INTERVAL
+        raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+        raw_connection.commit()  # the lock is the session's: it outlives the transaction
+        created = ledger.database_now()
+        task = make_task(
+            clocked=ClockedSchedule.objects.create(clocked_time=created + timedelta(seconds=1)),
+            name="created-while-frozen",
+        )
+        run = wait_until(
+            lambda: Run.objects.filter(periodic_task=task, status=Run.Status.DISPATCHED).first(),
+            timeout=TURN_PATIENCE + 20,
+        )
+        logs = "".join(deployment.log_path(name).read_text() for name in names)
+    finally:
+        deployment.stop()
+    waited = (run.dispatched_at - created).total_seconds()
+    print(f"planned and dispatched {waited:.2f} s after its creation")
+    assert TURN_PATIENCE - 0.5 <= waited <= TURN_PATIENCE + 3.0
+    assert "held the reconcile turn for 10 s; reconciling anyway" in logs
