@@ -99,13 +99,17 @@ def test_the_claim_and_the_poll_read_the_pending_index_in_slot_order(make_task):
         make_task(every=3600)
     ledger.reconcile(GRACE)
     with connection.cursor() as cursor:
-        cursor.execute("SET enable_seqscan = off")  # a tiny table: show the plan a big one gets
+        # A tiny table, whose statistics (left by earlier tests) may make a bitmap scan and a
+        # sort look as cheap: show the plan a big one gets, where LIMIT 100 reads the index.
+        cursor.execute("SET enable_seqscan = off")
+        cursor.execute("SET enable_bitmapscan = off")
         cursor.execute(
             "EXPLAIN SELECT id FROM scheduling_run WHERE status = 'pending'"
             " AND scheduled_for <= statement_timestamp() ORDER BY scheduled_for, id LIMIT 100"
         )
         claim_plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("RESET enable_seqscan")
+        cursor.execute("RESET enable_bitmapscan")
     assert "Scan using scheduling_run_pending_due" in claim_plan
     assert "Index Cond: (scheduled_for <= statement_timestamp())" in claim_plan
     assert "Sort" not in claim_plan  # the index is in the claim's order (scheduled_for, id)
