@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
@@ -31,6 +31,11 @@ RECENT_RUNS = 10
 
 def _seconds(delta: timedelta | None) -> str:
     return "-" if delta is None else f"{delta.total_seconds():.3f} s"
+
+
+def _utc_ms(moment: datetime) -> str:
+    """An aware datetime as UTC to the millisecond: ``2026-11-30 05:40:44.218``."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -79,7 +84,7 @@ class RunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="scheduled for (UTC)", ordering="scheduled_for")
     def display_scheduled_for(self, run: Run) -> str:
-        return run.scheduled_for.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        return _utc_ms(run.scheduled_for)
 
     @admin.display(description="lateness")
     def display_lateness(self, run: Run) -> str:
@@ -165,7 +170,7 @@ class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
-                    run.scheduled_for,
+                    _utc_ms(run.scheduled_for),
                     run.trigger,
                     run.status,
                     _seconds(run.lateness),
@@ -176,7 +181,7 @@ class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
             ),
         )
         return format_html(
-            "<table><thead><tr><th>scheduled for</th><th>trigger</th><th>status</th>"
+            "<table><thead><tr><th>scheduled for (UTC)</th><th>trigger</th><th>status</th>"
             "<th>lateness</th><th>replica</th><th>reason / error</th></tr></thead>"
             "<tbody>{}</tbody></table>",
             rows,

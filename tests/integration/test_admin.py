@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
@@ -82,6 +84,11 @@ def test_periodic_task_page_shows_recent_runs(admin_client_, make_task, recorder
     ).content.decode()
     assert "Recent runs" in page
     assert "replica-7" in page and "dispatched" in page
+    run = Run.objects.get(periodic_task=task)
+    shown = run.scheduled_for.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.") + (
+        f"{run.scheduled_for.microsecond // 1000:03d}"
+    )
+    assert f"<td>{shown}</td>" in page  # as in the runs list: UTC, to the millisecond
 
 
 def _backfill_action(client, task, **range_):
