@@ -199,11 +199,10 @@ def reconcile_turn(using: str = "default") -> Iterator[bool]:
     """Yield whether this replica may reconcile now: no other replica is reconciling.
 
     ``pg_try_advisory_lock`` (session level, released on exit or when the session ends, a killed
-    replica included): replicas that see the same edit do not all stop dispatching to re-plan
-    it. The replica that holds the turn recorded the change marker before its pass, so a change
-    committed during the pass moves the marker past it and it passes again; if it dies
-    mid-pass, every replica's periodic pass (``SCHEDULING_RECONCILE_INTERVAL``) reads the change
-    log again.
+    replica included): replicas that see the same edit re-plan it one after another, not all at
+    once, and the others go on dispatching meanwhile. A session-level lock outlives no session,
+    but nothing ends a session that is frozen between transactions: the scheduler bounds its
+    wait (``schedulers.TURN_PATIENCE``).
     """
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [_RECONCILE_LOCK])

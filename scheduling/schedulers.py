@@ -145,7 +145,7 @@ class LedgerScheduler(DatabaseScheduler):
         stale = poll.change_marker != self._marker or (
             time.monotonic() - self._last_reconcile >= conf.reconcile_interval
         )
-        if (stale or self._turn_awaited_since is not None) and self._take_turn(poll, stale, grace):
+        if (stale or self._turn_awaited_since is not None) and self._take_turn(poll, grace):
             poll = ledger.poll()
         wait = poll.seconds_until_due()
         if wait is None or wait > 0:
@@ -170,27 +170,24 @@ class LedgerScheduler(DatabaseScheduler):
         # again at once. Runs locked by other replicas are theirs; come back after a short nap.
         return 0.0 if dispatched else min(self.max_interval, 0.05)
 
-    def _take_turn(self, poll: ledger.Poll, stale: bool, grace: timedelta) -> bool:
+    def _take_turn(self, poll: ledger.Poll, grace: timedelta) -> bool:
         """Reconcile when it is this replica's turn; return whether it did.
 
-        One replica reconciles at a time (``ledger.reconcile_turn``); the others go on dispatching
-        and trust its pass: it saw an older marker than any change made after its poll, so it
-        passes again for those. A replica that found the turn taken checks each tick whether it
-        is free again; if the same wait lasts ``TURN_PATIENCE`` seconds the holder is taken to be
-        stuck (frozen by SIGSTOP or a paused VM keeps its session, and so the lock) and this
-        replica reconciles anyway: passes are safe concurrently, only wasteful.
+        One replica reconciles at a time (``ledger.reconcile_turn``): one that finds the turn
+        taken defers its pass and goes on dispatching, and asks again each tick. It does not
+        trust the holder's pass, which may end with its session (killed, or frozen inside a
+        transaction past ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT``) and be rolled back: once
+        the turn is free it passes itself (a pass for what changed costs milliseconds). If the
+        turn stays taken for ``TURN_PATIENCE`` seconds the holder is taken to be stuck (frozen
+        between transactions by SIGSTOP or a paused VM: its session, and the lock, live on) and
+        this replica passes anyway; passes are safe concurrently, only wasteful.
         """
         now = time.monotonic()
         waited = now - self._turn_awaited_since if self._turn_awaited_since is not None else 0.0
         with ledger.reconcile_turn() as mine:
-            if mine and not stale:  # the awaited holder finished (or ended): its pass stands
-                self._turn_awaited_since = None
-                return False
             if not mine and waited < TURN_PATIENCE:
                 if self._turn_awaited_since is None:
                     self._turn_awaited_since = now
-                self._marker = poll.change_marker
-                self._last_reconcile = now
                 return False
             if not mine:
                 logger.warning(

@@ -90,35 +90,23 @@ def test_a_replica_frozen_mid_claim_is_bounded_by_the_server(tmp_path, make_task
     assert executed == sorted(r.task_id for r in final)
 
 
-def test_a_reconcile_turn_held_by_a_frozen_session_delays_planning_by_the_patience_only(
-    tmp_path, make_task, raw_connection
-):
-    """A replica frozen mid-pass keeps its session, and so the reconcile turn, while frozen.
+def _created_while_the_turn_is_held(tmp_path, make_task, hold) -> tuple[float, str]:
+    """Two replicas; ``hold()`` takes the reconcile turn, then a task due in 1 s is created.
 
-    Here the frozen holder is a session that took the turn and never lets it go. The replicas
-    trust it for TURN_PATIENCE seconds, then plan the new task themselves and dispatch it.
+    Returns (seconds from its creation to its dispatch, the replicas' logs).
     """
     deployment = Deployment(tmp_path)
     names = ("replica-1", "replica-2")
     try:
         for name in names:
             deployment.start_beat(name)
-        # One startup pass (the other replica found the turn taken and trusted it); a tick later
-        # both see the turn free: the next pass is for the new task.
-        wait_until(
-            lambda: any(
-                "full reconcile: planned" in deployment.log_path(name).read_text()
-                for name in names
-            ),
-            timeout=60,
-        )
-        time.sleep(2 * 1.0)  # two ticks at SCHEDULING_MAX_INTERVAL
-        raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
-        raw_connection.commit()  # the lock is the session's: it outlives the transaction
+        for name in names:  # their startup passes, one after the other: the next is for the task
+            deployment.wait_for_log(name, "full reconcile: planned", timeout=60)
+        hold()
         created = ledger.database_now()
         task = make_task(
             clocked=ClockedSchedule.objects.create(clocked_time=created + timedelta(seconds=1)),
-            name="created-while-frozen",
+            name="created-while-held",
         )
         run = wait_until(
             lambda: Run.objects.filter(periodic_task=task, status=Run.Status.DISPATCHED).first(),
@@ -129,5 +117,41 @@ def test_a_reconcile_turn_held_by_a_frozen_session_delays_planning_by_the_patien
         deployment.stop()
     waited = (run.dispatched_at - created).total_seconds()
     print(f"planned and dispatched {waited:.2f} s after its creation")
+    return waited, logs
+
+
+def test_a_reconcile_turn_held_by_a_frozen_session_delays_planning_by_the_patience_only(
+    tmp_path, make_task, raw_connection
+):
+    """A replica frozen between transactions keeps its session, and so the turn, while frozen.
+
+    Here the holder is a session that took the turn and never lets it go. The replicas defer
+    their passes for TURN_PATIENCE seconds, then plan the new task themselves and dispatch it.
+    """
+
+    def hold() -> None:
+        raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+        raw_connection.commit()  # the lock is the session's: it outlives the transaction
+
+    waited, logs = _created_while_the_turn_is_held(tmp_path, make_task, hold)
     assert TURN_PATIENCE - 0.5 <= waited <= TURN_PATIENCE + 3.0
     assert "held the reconcile turn for 10 s; reconciling anyway" in logs
+
+
+def test_a_turn_holder_ended_by_the_server_mid_pass_delays_planning_by_that_bound_only(
+    tmp_path, make_task, raw_connection
+):
+    """A replica frozen inside a reconcile transaction: the server ends its session after the
+    idle-in-transaction timeout, its pass is rolled back, and the turn is free. The replicas
+    that deferred do not trust that pass: they make their own (found by a chaos trial, where
+    the new task waited for the 60 s periodic pass)."""
+    bound = 2.0
+
+    def hold() -> None:
+        raw_connection.execute(f"SET idle_in_transaction_session_timeout = '{bound:g}s'")
+        raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+        # left idle in its transaction, as a frozen replica mid-pass
+
+    waited, logs = _created_while_the_turn_is_held(tmp_path, make_task, hold)
+    assert waited <= bound + 3.0
+    assert "reconciling anyway" not in logs
