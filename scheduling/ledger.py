@@ -457,7 +457,7 @@ def plan_missing(
         if isinstance(task, _Unloadable):
             if task.last_error != task.error:
                 logger.error(
-                    "cannot load periodic task %s: %s", task.pk, task.error,
+                    "cannot load periodic task %r (id %s): %s", task.task.name, task.pk, task.error,
                     extra={"action": "plan"},
                 )
                 failed.append(_failed_plan(task.task, now, task.error))

@@ -16,9 +16,9 @@ from tests.integration.conftest import GRACE, claim, make_due
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_an_unknown_time_zone_written_by_sql_fails_only_its_own_run(make_task, recorder):
+def test_an_unknown_time_zone_written_by_sql_fails_only_its_own_run(make_task, recorder, caplog):
     good = make_task(every=60, start_time=ledger.database_now() - timedelta(seconds=1))
-    bad = make_task(cron="* * * * *")
+    bad = make_task(cron="* * * * *", name="on-mars")
     good_run, bad_run = make_due(good), make_due(bad)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -39,6 +39,8 @@ def test_an_unknown_time_zone_written_by_sql_fails_only_its_own_run(make_task, r
     ledger.reconcile(GRACE)
     failed_plans = Run.objects.filter(periodic_task=bad, error__startswith="cannot load the schedule")
     assert failed_plans.count() == 1
+    logged = [m for m in caplog.messages if m.startswith("cannot load periodic task")]
+    assert logged == [f"cannot load periodic task 'on-mars' (id {bad.pk}): {failed_plans[0].error}"]
 
 
 def test_a_run_due_since_1900_is_coalesced_without_stopping_the_batch(make_task, recorder):
