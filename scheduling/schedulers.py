@@ -198,7 +198,9 @@ class LedgerScheduler(DatabaseScheduler):
                 self._reconcile(grace)
             except (OperationalError, InterfaceError):
                 raise
-            except Exception:  # noqa: BLE001 - planning trouble must not stop dispatching
+            except Exception as exc:  # noqa: BLE001 - planning trouble must not stop dispatching
+                if _session_ended(exc):  # an outage, retried; the pass is not counted as made
+                    raise
                 logger.exception(
                     "reconcile failed; due runs are still dispatched, next try in %.0f s",
                     conf.reconcile_interval, extra={"action": "reconcile_failed"},
@@ -306,6 +308,13 @@ class LedgerScheduler(DatabaseScheduler):
     @property
     def info(self) -> str:
         return f"    . replica -> {self.replica_id}\n    . run ledger -> scheduling.models.Run"
+
+
+def _session_ended(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server ended the session (SQLSTATE class 08, 57P01-57P03, or
+    25P03: the idle-in-transaction timeout, which Django raises as an InternalError)."""
+    state = getattr(exc.__cause__, "sqlstate", None) or ""
+    return state.startswith("08") or state in {"25P03", "57P01", "57P02", "57P03"}
 
 
 class _Unbuffered:

@@ -8,10 +8,11 @@ tasks whose schedule gave no next slot at claim time.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django_celery_beat.models import IntervalSchedule
@@ -208,3 +209,31 @@ def test_a_replica_that_deferred_its_pass_makes_it_once_the_turn_is_free(
     with CaptureQueriesContext(connection) as captured:
         scheduler.tick()  # and it no longer asks
     assert not any("advisory" in s for s in _statements(captured))
+
+
+def test_a_pass_whose_session_the_server_ended_is_not_counted_as_made(
+    make_task, monkeypatch, caplog
+):
+    """Frozen inside a pass's transaction past the idle-in-transaction timeout, a replica finds
+    its session ended (an InternalError, not an OperationalError): the tick fails as a database
+    outage and the next tick makes the pass, rather than waiting for the periodic one."""
+    scheduler = LedgerScheduler(app=app)
+    scheduler.tick()  # its startup pass
+    task = make_task(every=3600)
+    marker = scheduler._marker
+
+    def frozen_pass(*args, **kwargs):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL idle_in_transaction_session_timeout = '100ms'")
+            time.sleep(0.5)  # frozen: the server ends the session meanwhile
+            cursor.execute("SELECT 1")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ledger, "reconcile", frozen_pass)
+        scheduler.tick()
+    assert scheduler._marker is marker  # not counted as made
+    assert scheduler._failing == "database"
+    assert not any("reconcile failed" in m for m in caplog.messages)
+    scheduler.tick()  # reconnects and makes the pass
+    assert Run.objects.pending().filter(periodic_task=task).count() == 1
+    assert scheduler._marker == ledger.poll().change_marker
