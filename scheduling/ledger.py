@@ -452,7 +452,7 @@ def plan_missing(
     now = database_now(using)
     batch: list[tuple[PeriodicTask, datetime]] = []
     failed: list[Run] = []
-    finished: list[int] = []
+    finished: list[tuple[int, str]] = []
     for task in _iterate_tasks(tasks, chunk_size, using):
         if isinstance(task, _Unloadable):
             if task.last_error != task.error:
@@ -474,7 +474,7 @@ def plan_missing(
                 failed.append(_failed_plan(task, now, str(exc)))
             continue
         if slot is None:
-            finished.append(task.pk)
+            finished.append((task.pk, task.name))
             continue
         batch.append((task, slot))
         if len(batch) >= chunk_size:
@@ -482,10 +482,14 @@ def plan_missing(
             batch = []
     planned += _insert_pending(batch, using) + _insert(failed, using)
     if finished:
-        PeriodicTask.objects.using(using).filter(pk__in=finished).update(enabled=False)
+        PeriodicTask.objects.using(using).filter(pk__in=[pk for pk, _ in finished]).update(
+            enabled=False
+        )
+        names = ", ".join(repr(name) for _, name in finished[:10])
+        more = f" and {len(finished) - 10} more" if len(finished) > 10 else ""
         logger.info(
-            "disabled %d periodic tasks whose schedule is over", len(finished),
-            extra={"action": "disable"},
+            "disabled %d periodic tasks whose schedule is over (expired, or its one run done):"
+            " %s%s", len(finished), names, more, extra={"action": "disable"},
         )
     return planned
 

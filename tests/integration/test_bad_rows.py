@@ -259,3 +259,23 @@ def test_years_of_missed_slots_under_catch_up_are_accounted_for_in_one_claim(
     assert rows[-1].scheduled_for > ledger.database_now() - timedelta(seconds=2)
     print(f"first claim {first_claim:.2f} s, {claims} claims in all, {len(rows)} rows")
     assert claims <= 20  # not one claim per 10,000 slots (6,307 claims)
+
+
+def test_an_expired_task_is_disabled_by_name_and_the_others_planned(make_task, caplog):
+    good = make_task(every=60, name="good")
+    expired = make_task(every=60, name="expired-yesterday")
+    PeriodicTask.objects.filter(pk=expired.pk).update(
+        expires=ledger.database_now() - timedelta(days=1)
+    )
+    Run.objects.filter(periodic_task=expired).delete()
+
+    ledger.reconcile(GRACE)
+
+    expired.refresh_from_db()
+    assert expired.enabled is False
+    assert Run.objects.filter(periodic_task=expired).count() == 0
+    assert Run.objects.pending().filter(periodic_task=good).count() == 1
+    assert [m for m in caplog.messages if m.startswith("disabled")] == [
+        "disabled 1 periodic tasks whose schedule is over (expired, or its one run done):"
+        " 'expired-yesterday'"
+    ]
