@@ -196,11 +196,9 @@ class LedgerScheduler(DatabaseScheduler):
                 )
             try:
                 self._reconcile(grace)
-            except (OperationalError, InterfaceError):
-                raise
             except Exception as exc:  # noqa: BLE001 - planning trouble must not stop dispatching
-                if _session_ended(exc):  # an outage, retried; the pass is not counted as made
-                    raise
+                if isinstance(exc, (OperationalError, InterfaceError)) or _session_ended(exc):
+                    raise  # an outage, retried; the pass is not counted as made
                 logger.exception(
                     "reconcile failed; due runs are still dispatched, next try in %.0f s",
                     conf.reconcile_interval, extra={"action": "reconcile_failed"},

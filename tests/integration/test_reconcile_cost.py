@@ -175,7 +175,7 @@ def test_a_turn_held_past_the_patience_is_taken_as_stuck_and_the_replica_reconci
     monkeypatch.setattr("scheduling.schedulers.TURN_PATIENCE", 0.3)
     logging.getLogger("scheduling.schedulers").addHandler(caplog.handler)  # it does not propagate
     with caplog.at_level(logging.WARNING, logger="scheduling.schedulers"):
-        scheduler.tick()  # the turn is taken: trust the holder for now
+        scheduler.tick()  # the turn is taken: it defers its pass for now
         assert Run.objects.pending().filter(periodic_task=task).count() == 0
         started = ledger.database_now()
         while ledger.database_now() - started < timedelta(seconds=0.35):
