@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import random
 import time
-from contextlib import nullcontext
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -23,6 +23,8 @@ from bench import data
 from bench.env import Arrivals, Broker, rss_mb
 from bench.report import Row, median, ms, percentile, seconds
 from scheduling import ledger
+from scheduling.ledger import compiled
+from scheduling.ledger.claim import claim_due
 from scheduling.messages import build_message
 from scheduling.models import Run
 from tests.acceptance.deployment import Deployment
@@ -532,7 +534,7 @@ def history(bench: Bench) -> tuple[list[Row], dict[str, str]]:
     due = ledger.database_now() - timedelta(seconds=1)
     data.move_pending(tasks[:100], due)
     queries = {
-        "claim": _captured(lambda: ledger._claim_due(100, "default")),
+        "claim": _captured(lambda: claim_due(100, "default")),
         "poll": _captured(ledger.poll),
     }
     intended = {"claim": "scheduling_run_pending_due", "poll": "scheduling_run_pending_due"}
@@ -584,10 +586,10 @@ def _explain(sql: str, params: list) -> str:
 def _timed(sql: str, params: list, prepared: bool) -> float:
     """Seconds to execute ``sql`` and fetch its rows, in a transaction that commits (the claim
     writes nothing, and a rollback would drop psycopg's prepared statements); ``prepared``:
-    as the scheduler sends the claim (``ledger._prepared``), planned once."""
+    as the scheduler sends the claim (``scheduling.ledger.compiled.prepared``), planned once."""
     with (
         transaction.atomic(),
-        ledger._prepared("default") if prepared else nullcontext(),
+        compiled.prepared("default") if prepared else nullcontext(),
         connection.cursor() as cursor,
     ):
         started = time.perf_counter()

@@ -15,8 +15,9 @@ where the executing process's liveness cannot be held.
 
 For a delivery carrying the ``scheduling_run`` header (every run the scheduler publishes):
 
-1. Take the run's execution lock for this attempt: ``pg_try_advisory_lock`` on a key derived from
-   (task id, ``request.retries``), on a PostgreSQL session this process keeps for the purpose. The
+1. Take the run's execution lock for this attempt: ``pg_try_advisory_lock`` on the key
+   ``scheduling_execution_lock_key(task id, request.retries)`` (a SQL function of migration 0011,
+   the one definition of the key), on a PostgreSQL session this process keeps for the purpose. The
    lock is held while the body runs and released at ``task_postrun``; when the process dies, its
    session ends and the server frees the lock. A lock held by someone else is the evidence that
    the attempt is executing on a live worker.
@@ -37,7 +38,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery.exceptions import Ignore, Reject
 
@@ -94,11 +95,12 @@ def guard(request: Any, task_id: str) -> None:
     from django.db import DatabaseError, InterfaceError
 
     from scheduling import ledger
+    from scheduling.models import Run
 
     retries = int(request.get("retries") or 0)
     delivery = request.get("delivery_info") or {}
     redelivered = bool(delivery.get("redelivered"))
-    key = lock_key(task_id, retries)
+    key = Attempt(task_id, retries)
     try:
         exclusive = liveness.try_lock(key)
         try:
@@ -125,7 +127,7 @@ def guard(request: Any, task_id: str) -> None:
             liveness.unlock(key)
             return
         setattr(request, LOCK_ATTRIBUTE, key)  # released by the task_postrun handler
-        if decision.reason != "first delivery":
+        if decision.reason != Run.Reason.FIRST_DELIVERY:
             logger.info(
                 "run %s executes: %s", task_id, decision.reason, extra={"action": "execute"}
             )
@@ -144,9 +146,11 @@ def guard(request: Any, task_id: str) -> None:
     raise Ignore(f"duplicate delivery of run {task_id}: {decision.reason}")
 
 
-def lock_key(task_id: str, retries: int) -> str:
-    """Return the text hashed into the advisory lock key of one attempt of a run."""
-    return f"scheduling.run:{task_id}:{retries}"
+class Attempt(NamedTuple):
+    """One attempt of a run: its execution lock is ``scheduling_execution_lock_key(*attempt)``."""
+
+    task_id: str
+    retries: int
 
 
 class _Liveness:
@@ -162,7 +166,7 @@ class _Liveness:
         self._mutex = threading.Lock()
         self._conn: Any = None
         self._pid = 0
-        self._held: set[str] = set()
+        self._held: set[Attempt] = set()
         import psycopg
 
         self.errors: tuple[type[BaseException], ...] = (psycopg.Error,)
@@ -174,6 +178,7 @@ class _Liveness:
         from django.db import connections
 
         from scheduling.conf import conf
+        from scheduling.sql import queries
 
         params = connections["default"].get_connection_params()
         params.pop("cursor_factory", None)
@@ -181,28 +186,24 @@ class _Liveness:
         idle = conf.tcp_keepalives_idle
         params.update(keepalives=1, keepalives_idle=idle, application_name="scheduling-guard")
         conn = psycopg.connect(**params, autocommit=True)
-        conn.execute(
-            "SELECT set_config('tcp_keepalives_idle', %s, false),"
-            " set_config('tcp_keepalives_interval', %s, false)",
-            [str(idle), str(max(1, idle // 2))],
-        )
+        conn.execute(queries["guard_keepalives"], [str(idle), str(max(1, idle // 2))])
         self._conn, self._pid = conn, os.getpid()
         self._held = set()  # locks of a session lost with its connection are gone
         return conn
 
-    def try_lock(self, key: str) -> bool:
-        """Take the lock ``key`` without waiting; True if this session holds it now."""
+    def try_lock(self, key: Attempt) -> bool:
+        """Take the lock of attempt ``key`` without waiting; True if this session holds it now."""
+        from scheduling.sql import queries
+
         with self._mutex:
             if key in self._held:  # the same attempt twice in this process: a duplicate
                 return False
-            row = self._connection().execute(
-                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [key]
-            ).fetchone()
+            row = self._connection().execute(queries["try_execution_lock"], key).fetchone()
             if row[0]:
                 self._held.add(key)
             return bool(row[0])
 
-    def unlock(self, key: str) -> None:
+    def unlock(self, key: Attempt) -> None:
         """Release ``key`` if held; a lost session has released it already."""
         with self._mutex:
             if key not in self._held:
@@ -210,12 +211,21 @@ class _Liveness:
             self._held.discard(key)
             if self._conn is None or self._pid != os.getpid() or self._conn.closed:
                 return
+            from scheduling.sql import queries
+
             try:
-                self._conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
+                self._conn.execute(queries["release_execution_lock"], key)
             except self.errors:
                 logger.warning("could not release execution lock %s; dropping the session", key)
                 self._conn.close()
                 self._conn, self._held = None, set()
+
+    def backend_pid(self) -> int | None:
+        """The server process id of this process's session, or None while it has none."""
+        with self._mutex:
+            if self._conn is None or self._pid != os.getpid() or self._conn.closed:
+                return None
+            return int(self._conn.info.backend_pid)
 
     def close(self) -> None:
         """Close this process's session (its locks are released by the server)."""

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from django.db.models import Count, Min, Q
 
-from scheduling.ledger import ClockTimestamp
+from scheduling.clock import ClockTimestamp
 from scheduling.models import Replica, Run
 from scheduling.replicas import with_state
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import models
 from django.db.models import Q
@@ -106,6 +106,14 @@ class RunQuerySet(models.QuerySet["Run"]):
     def finished(self) -> RunQuerySet:
         return self.filter(status__in=Run.FINAL_STATUSES)
 
+    def live(self) -> RunQuerySet:
+        """Runs that were not cancelled (a cancelled plan is no part of a task's history)."""
+        return self.exclude(status=Run.Status.CANCELLED)
+
+    def latest_scheduled(self) -> RunQuerySet:
+        """Scheduled, not cancelled runs, newest slot first: a task's last planned slot."""
+        return self.scheduled().live().order_by("-scheduled_for")
+
 
 class Run(models.Model):
     """One run of a periodic task at its nominal instant ``scheduled_for`` (aware, UTC).
@@ -136,6 +144,64 @@ class Run(models.Model):
         SCHEDULE = "schedule"
         MANUAL = "manual"
         BACKFILL = "backfill"
+
+    class Reason:
+        """The texts of ``Run.reason``: the only place they are written.
+
+        Code records and compares these constants, or builds a reason with figures through the
+        static methods below; no other module writes a reason as a string literal (a test walks
+        the source for it). A reason says why a run ended as it did, for people reading the
+        ledger; what a program needs to decide (a misfire's outcome, say) is returned as a value.
+        """
+
+        TASK_DELETED = "periodic task deleted"
+        TASK_DISABLED = "periodic task disabled"
+        TASK_EXPIRED = "periodic task expired"
+        SCHEDULE_EDITED = "schedule edited"
+        INVALID_SCHEDULE = "invalid schedule"
+        DISPATCH_ERROR = "error while dispatching"
+        REJECTED = "rejected before dispatch"
+        #: A run published by a replica whose claim rolled back, started by a worker.
+        ADOPTED = "adopted by the worker: the publishing replica's claim did not commit"
+        FIRST_DELIVERY = "first delivery"
+        REEXECUTED = "re-executed: redelivered, and the worker that ran it is gone"
+        #: A running run closed because its execution lock stayed free (its worker died).
+        WORKER_LOST = "worker lost"
+        #: Such a run when its attempt's outcome arrived after all (the process lived on).
+        LATE_OUTCOME = "outcome recorded after the run was closed as worker lost"
+        OVERLAP_IN_BATCH = "overlap: an earlier run of this task was dispatched in the same batch"
+        MESSAGE_EXPIRED = "message expired before a worker took it"
+        REVOKED = "revoked"
+        UNKNOWN_TASK = "unknown task on the worker"
+        REJECTED_BY_WORKER = "rejected by the worker"
+
+        @staticmethod
+        def coalesced(slots: int) -> str:
+            """A late run dispatched once for ``slots`` slots (misfire policy coalesce)."""
+            return f"misfire: coalesced {slots} slots"
+
+        @staticmethod
+        def caught_up(lateness: timedelta) -> str:
+            """A late run dispatched on its own (misfire policy catch_up)."""
+            return f"misfire: caught up {lateness.total_seconds():.3f} s late"
+
+        @staticmethod
+        def missed(policy: str, lateness: timedelta, grace: timedelta) -> str:
+            """A late run recorded missed by misfire policy ``policy`` (skip or catch_up)."""
+            return (
+                f"misfire: {policy} policy, {lateness.total_seconds():.3f} s late"
+                f" (grace {grace.total_seconds():g} s)"
+            )
+
+        @staticmethod
+        def overlap(since: datetime) -> str:
+            """A run skipped because the run dispatched at ``since`` is not finished."""
+            return f"overlap: the run dispatched at {since.isoformat()} is not finished"
+
+        @staticmethod
+        def celery_retry(retries: int) -> str:
+            """A delivery executing Celery's retry number ``retries`` of the run."""
+            return f"Celery retry {retries}"
 
     FINAL_STATUSES = (
         Status.SUCCEEDED,

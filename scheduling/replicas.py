@@ -20,9 +20,10 @@ from django.db import connections
 from django.db.models import Case, CharField, F, FloatField, Q, QuerySet, Value, When
 from django.db.models.functions import Extract
 
+from scheduling.clock import ClockTimestamp
 from scheduling.conf import conf
-from scheduling.ledger import ClockTimestamp
 from scheduling.models import Replica
+from scheduling.sql import queries
 
 logger = logging.getLogger(__name__)
 
@@ -30,28 +31,6 @@ logger = logging.getLogger(__name__)
 STALE_AFTER_INTERVALS = 3
 #: Rows of replicas that have not ticked for this long are deleted when a replica starts.
 RETENTION = timedelta(days=7)
-
-_UPSERT = """
-INSERT INTO scheduling_replica (id, host, pid, started_at, last_tick_at, runs_claimed, stopped_at)
-SELECT %s, %s, %s, now.t, now.t, %s, NULL FROM (SELECT clock_timestamp() AS t) AS now
-ON CONFLICT (id) DO UPDATE SET
-"""
-_START = _UPSERT + """
-    host = EXCLUDED.host, pid = EXCLUDED.pid, started_at = EXCLUDED.started_at,
-    last_tick_at = EXCLUDED.last_tick_at, runs_claimed = EXCLUDED.runs_claimed, stopped_at = NULL
-"""
-_TICK = _UPSERT + """
-    last_tick_at = EXCLUDED.last_tick_at,
-    runs_claimed = scheduling_replica.runs_claimed + EXCLUDED.runs_claimed, stopped_at = NULL
-"""
-_STOP = """
-UPDATE scheduling_replica
-SET last_tick_at = now.t, stopped_at = now.t, runs_claimed = runs_claimed + %s
-FROM (SELECT clock_timestamp() AS t) AS now
-WHERE id = %s AND pid = %s
-"""
-_PRUNE = "DELETE FROM scheduling_replica WHERE last_tick_at < clock_timestamp() - %s"
-
 
 class Heartbeat:
     """The heartbeat of one replica process; ``LedgerScheduler`` owns one.
@@ -94,8 +73,9 @@ class Heartbeat:
         try:
             with connections[self._using].cursor() as cursor:
                 if not self._registered:
-                    cursor.execute(_PRUNE, [RETENTION])
-                cursor.execute(_TICK if self._registered else _START, params)
+                    cursor.execute(queries["replica_prune"], [RETENTION])
+                statement = queries["replica_tick" if self._registered else "replica_start"]
+                cursor.execute(statement, params)
         except Exception as exc:  # noqa: BLE001 - display only: never let it touch scheduling
             self._log_failure(exc)
             return False
@@ -108,7 +88,9 @@ class Heartbeat:
             return
         try:
             with connections[self._using].cursor() as cursor:
-                cursor.execute(_STOP, [self._unwritten, self.replica_id, self.pid])
+                cursor.execute(
+                    queries["replica_stop"], [self._unwritten, self.replica_id, self.pid]
+                )
         except Exception as exc:  # noqa: BLE001 - shutting down: log and go
             self._log_failure(exc)
             return

@@ -161,7 +161,6 @@ class LedgerScheduler(DatabaseScheduler):
                 replica_id=self.replica_id,
                 batch_size=batch,
                 grace=grace,
-                pause_after_publish=conf.test_pause_after_publish,
                 flush=buffered.flush,
             )
         self.heartbeat.claimed(len(dispatched))

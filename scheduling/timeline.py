@@ -36,7 +36,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django_celery_beat.models import PeriodicTask
 
-from scheduling.ledger import database_now
+from scheduling.clock import database_now
 from scheduling.models import Run
 
 WINDOW = timedelta(hours=24)

@@ -32,7 +32,7 @@ from scheduling.models import Run
 logger = logging.getLogger(__name__)
 
 
-def _record(write: Callable[..., bool], *args: Any, **kwargs: Any) -> bool:
+def record(write: Callable[..., bool], *args: Any, **kwargs: Any) -> bool:
     """Run one ledger write; on a dropped connection reconnect and try once more.
 
     Celery swallows exceptions from signal handlers, so a write lost to a terminated connection
@@ -69,7 +69,7 @@ def _short(exc: BaseException | None) -> str:
 def _on_prerun(sender: Any = None, task_id: str = "", task: Any = None, **_: Any) -> None:
     # With the guard installed, it records the start (atomically with its decision).
     if _is_scheduled(task) and not guard.is_guarded(task):
-        _record(ledger.record_started, task_id, task.request.hostname or "")
+        record(ledger.record_started, task_id, task.request.hostname or "")
 
 
 @signals.task_postrun.connect(dispatch_uid="scheduling.task_postrun")
@@ -82,7 +82,7 @@ def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
 @signals.task_success.connect(dispatch_uid="scheduling.task_success")
 def _on_success(sender: Any = None, **_: Any) -> None:
     if _is_scheduled(sender):
-        _record(ledger.record_finished,
+        record(ledger.record_finished,
             sender.request.id, Run.Status.SUCCEEDED, retries=_retries(sender)
         )
 
@@ -92,7 +92,7 @@ def _on_failure(
     sender: Any = None, task_id: str = "", exception: BaseException | None = None, **_: Any
 ) -> None:
     if _is_scheduled(sender):
-        _record(ledger.record_finished,
+        record(ledger.record_finished,
             task_id, Run.Status.FAILED, _short(exception), retries=_retries(sender)
         )
 
@@ -101,7 +101,7 @@ def _on_failure(
 def _on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
     if request is not None and request.get(HEADER_RUN) is not None:
         retries = request.get("retries")
-        _record(ledger.record_retry,
+        record(ledger.record_retry,
             request.id, str(reason or ""), retries=None if retries is None else int(retries)
         )
 
@@ -114,14 +114,14 @@ def _on_revoked(
     if request is None or request.get(HEADER_RUN) is None:
         return
     if expired:
-        closed = _record(ledger.record_not_executed,
+        closed = record(ledger.record_not_executed,
             request.id, Run.Status.EXPIRED, "message expired before a worker took it"
         )
     else:
         error = "revoked (terminated)" if terminated else "revoked"
-        closed = _record(
+        closed = record(
             ledger.record_not_executed, request.id, Run.Status.FAILED, "revoked", error
-        ) or (terminated and _record(ledger.record_finished, request.id, Run.Status.FAILED, error))
+        ) or (terminated and record(ledger.record_finished, request.id, Run.Status.FAILED, error))
     if closed:
         logger.warning(
             "run %s %s", request.id, "expired" if expired else "revoked",
@@ -144,7 +144,7 @@ def _on_unknown(sender: Any = None, message: Any = None, name: str = "", **_: An
     task_id, _name = found
     hostname = getattr(sender, "hostname", "") or ""
     error = f"unknown task name {name!r}: not registered on worker {hostname}"
-    if _record(
+    if record(
         ledger.record_not_executed, task_id, Run.Status.FAILED, "unknown task on the worker", error
     ):
         logger.error("run %s failed: %s", task_id, error, extra={"action": "unknown_task"})
@@ -157,7 +157,7 @@ def _on_rejected(sender: Any = None, message: Any = None, exc: Any = None, **_: 
         return
     task_id, name = found
     error = f"message of task {name!r} rejected by the worker: {_short(exc) or 'unknown format'}"
-    if _record(
+    if record(
         ledger.record_not_executed, task_id, Run.Status.FAILED, "rejected by the worker", error
     ):
         logger.error("run %s failed: %s", task_id, error, extra={"action": "rejected"})

@@ -23,6 +23,7 @@ from django_celery_beat.models import ClockedSchedule
 from scheduling import ledger
 from scheduling.models import Run
 from scheduling.schedulers import TURN_PATIENCE
+from scheduling.sql import RECONCILE_LOCK
 from tests.acceptance.deployment import Deployment, drain, wait_until
 
 # The database's own bounds and locks are the point; the broker in use is incidental.
@@ -130,7 +131,7 @@ def test_a_reconcile_turn_held_by_a_frozen_session_delays_planning_by_the_patien
     """
 
     def hold() -> None:
-        raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+        raw_connection.execute("SELECT pg_advisory_lock(%s)", [RECONCILE_LOCK])
         raw_connection.commit()  # the lock is the session's: it outlives the transaction
 
     waited, logs = _created_while_the_turn_is_held(tmp_path, make_task, hold)
@@ -149,7 +150,7 @@ def test_a_turn_holder_ended_by_the_server_mid_pass_delays_planning_by_that_boun
 
     def hold() -> None:
         raw_connection.execute(f"SET idle_in_transaction_session_timeout = '{bound:g}s'")
-        raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+        raw_connection.execute("SELECT pg_advisory_lock(%s)", [RECONCILE_LOCK])
         # left idle in its transaction, as a frozen replica mid-pass
 
     waited, logs = _created_while_the_turn_is_held(tmp_path, make_task, hold)

@@ -15,6 +15,8 @@ from django.test import override_settings
 from project.celery import app
 from scheduling import ledger, slots
 from scheduling.exceptions import PublishFailed
+from scheduling.ledger.compiled import CompiledClaim
+from scheduling.ledger.writes import insert_pending, insert_runs, planned_run
 from scheduling.models import Run
 from scheduling.schedulers import LedgerScheduler
 from tests.integration.conftest import GRACE, claim, make_due
@@ -39,7 +41,7 @@ def test_the_claim_is_prepared_once_and_runs_on_a_generic_plan(make_task, record
         make_due(task)
         assert [d.status for d in claim(recorder)] == [Run.Status.DISPATCHED]
 
-    assert ledger._CompiledClaim.of(100, "default").params == ()  # literals: no parameters
+    assert CompiledClaim.of(100, "default").params == ()  # literals: no parameters
     # one statement, planned once for any batch: the partial indexes' predicates are literals
     assert _claim_statements() == [(3, 0)]
     assert len(recorder.messages) == 3
@@ -57,9 +59,9 @@ def test_the_lean_insert_writes_the_row_a_planned_run_model_would(make_task):
     task, other = make_task(every=60, name="same"), make_task(every=60, name="other")
     other.name = task.name  # only the task id may differ between the two rows
     slot = ledger.database_now() + timedelta(hours=1)
-    ledger._insert_pending([(task, slot)], "default")
+    insert_pending([(task, slot)], "default")
     lean = Run.objects.get(periodic_task=task, scheduled_for=slot)
-    ledger._insert([ledger._planned(other, slot)], "default")
+    insert_runs([planned_run(other, slot)], "default")
     model = Run.objects.get(periodic_task=other, scheduled_for=slot)
 
     skip = {"id", "periodic_task_id", "task_id", "planned_at"}

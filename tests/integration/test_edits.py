@@ -99,7 +99,7 @@ def test_reconcile_looks_only_at_the_tasks_whose_definition_changed(make_task, m
         return initial_run(task, *args, **kwargs)
 
     monkeypatch.setattr(slots, "initial_run", counting)
-    ledger._replan_edited("default")
+    ledger.replan_edited("default")
     assert sorted(looked_at) == sorted(t.pk for t in tasks)
 
 

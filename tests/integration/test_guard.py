@@ -122,19 +122,20 @@ def _other_session() -> psycopg.Connection:
     return psycopg.connect(**params, autocommit=True)
 
 
-def _try(conn: psycopg.Connection, key: str) -> bool:
-    return conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [key]).fetchone()[0]
+def _try(conn: psycopg.Connection, key: guard.Attempt) -> bool:
+    statement = "SELECT pg_try_advisory_lock(scheduling_execution_lock_key(%s, %s))"
+    return conn.execute(statement, key).fetchone()[0]
 
 
 def test_the_execution_lock_is_freed_when_its_session_ends():
-    key = guard.lock_key("some-task-id", 0)
+    key = guard.Attempt("some-task-id", 0)
     assert guard.liveness.try_lock(key) is True
     assert guard.liveness.try_lock(key) is False  # the same attempt again in this process
     other = _other_session()
     try:
         assert _try(other, key) is False
-        assert _try(other, guard.lock_key("some-task-id", 1)) is True  # another attempt
-        guard.liveness._conn.close()  # the process "dies": its session ends
+        assert _try(other, guard.Attempt("some-task-id", 1)) is True  # another attempt
+        guard.liveness.close()  # the process "dies": its session ends
         # the server frees the lock once the backend has exited, a moment after the close
         deadline = time.monotonic() + 5
         freed = _try(other, key)
@@ -156,8 +157,8 @@ def test_a_lock_session_ended_by_the_server_requeues_the_delivery(dispatched):
 
     from celery.exceptions import Reject
 
-    guard.liveness.try_lock(guard.lock_key("warm-up", 0))
-    pid = guard.liveness._conn.info.backend_pid
+    guard.liveness.try_lock(guard.Attempt("warm-up", 0))
+    pid = guard.liveness.backend_pid()
     other = _other_session()
     try:
         other.execute("SELECT pg_terminate_backend(%s)", [pid])

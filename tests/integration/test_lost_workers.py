@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from scheduling import guard, ledger
+from scheduling import ledger
 from scheduling.models import Run
 from tests.integration.conftest import GRACE, claim
 
@@ -36,7 +36,7 @@ def running(make_task, recorder) -> Run:
 
 def hold_lock(conn: psycopg.Connection, run: Run, retries: int = 0) -> None:
     conn.execute(
-        "SELECT pg_advisory_lock(hashtextextended(%s, 0))", [guard.lock_key(run.task_id, retries)]
+        "SELECT pg_advisory_lock(scheduling_execution_lock_key(%s, %s))", [run.task_id, retries]
     )
     conn.commit()
 
@@ -122,7 +122,7 @@ def test_runs_the_guard_did_not_start_are_left_alone(make_task, recorder):
 def test_an_outcome_arriving_after_the_close_replaces_worker_lost(running):
     assert ledger.close_lost_executions(ledger.LostExecutions(after=0)) == [running.task_id]
     assert ledger.record_finished(running.task_id, Run.Status.SUCCEEDED, retries=0) is True
-    assert status(running) == (Run.Status.SUCCEEDED, ledger.LATE_OUTCOME)
+    assert status(running) == (Run.Status.SUCCEEDED, Run.Reason.LATE_OUTCOME)
     assert ledger.record_finished(running.task_id, Run.Status.FAILED, "x", retries=0) is False
 
 

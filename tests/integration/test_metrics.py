@@ -9,8 +9,7 @@ from prometheus_client import REGISTRY
 
 from scheduling import metrics
 from scheduling.models import Run, TaskPolicy
-from tests.integration.conftest import claim
-from tests.integration.test_misfire import _late_task
+from tests.integration.conftest import claim, late_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,7 +38,7 @@ def _value(name: str, **labels: str) -> float:
 def test_misfired_slots_dispatches_and_lateness_per_policy(
     make_task, recorder, policy, limit, expected
 ):
-    task, _ = _late_task(make_task, policy, limit=limit)
+    task, _ = late_task(make_task, policy, limit=limit)
     replica = f"replica-{uuid.uuid4().hex[:6]}"
     _claim_all(recorder, replica)
     labels = {"task": task.name, "replica": replica}
@@ -63,7 +62,7 @@ def test_misfired_slots_dispatches_and_lateness_per_policy(
 
 def test_task_label_collapses_when_configured(make_task, recorder, settings):
     settings.SCHEDULING_METRICS_TASK_LABELS = False
-    task, _ = _late_task(make_task, None)
+    task, _ = late_task(make_task, None)
     replica = f"replica-{uuid.uuid4().hex[:6]}"
     _claim_all(recorder, replica)
     assert _value("scheduling_runs_dispatched_total", task="*", replica=replica,

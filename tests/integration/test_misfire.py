@@ -9,29 +9,13 @@ from django.db import connection
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import ledger, slots
+from scheduling.ledger import policy as misfire_policy
 from scheduling.models import Run, TaskPolicy
-from tests.integration.conftest import GRACE, claim
+from tests.integration.conftest import GRACE, claim, late_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EVERY = timedelta(seconds=10)
-
-
-def _late_task(make_task, policy: str | None, *, grace: int | None = 5, limit: int = 100,
-               late_by: float = 67.0, every: int = 10) -> tuple[PeriodicTask, datetime]:
-    """An interval task (every 10 s) whose pending run is its start_time, ``late_by`` s ago."""
-    first = ledger.database_now() - timedelta(seconds=late_by)
-    task = make_task(every=every, start_time=first)
-    if policy is not None:
-        TaskPolicy.objects.create(
-            periodic_task=task, misfire_policy=policy, misfire_grace_seconds=grace,
-            catch_up_limit=limit,
-        )
-    ledger.reconcile(GRACE)
-    Run.objects.pending().filter(periodic_task=task).update(
-        scheduled_for=first, task_id=slots.task_id_for(task.pk, first)
-    )
-    return task, first
 
 
 def _claim_all(recorder) -> None:
@@ -48,7 +32,7 @@ def _ledger(task: PeriodicTask) -> list[tuple[datetime, str, int]]:
 
 def test_c04_skip_records_every_missed_slot_and_plans_the_next_future_one(make_task, recorder):
     # slots S0..S6 are more than 5 s (the task's grace) in the past; S7 is 3 s ahead
-    task, s0 = _late_task(make_task, TaskPolicy.Misfire.SKIP)
+    task, s0 = late_task(make_task, TaskPolicy.Misfire.SKIP)
     _claim_all(recorder)
 
     assert _ledger(task) == [
@@ -63,7 +47,7 @@ def test_c04_skip_records_every_missed_slot_and_plans_the_next_future_one(make_t
 
 
 def test_catch_up_dispatches_the_most_recent_missed_slots_up_to_the_cap(make_task, recorder):
-    task, s0 = _late_task(make_task, TaskPolicy.Misfire.CATCH_UP, limit=3)
+    task, s0 = late_task(make_task, TaskPolicy.Misfire.CATCH_UP, limit=3)
     _claim_all(recorder)
 
     assert _ledger(task) == [
@@ -77,7 +61,7 @@ def test_catch_up_dispatches_the_most_recent_missed_slots_up_to_the_cap(make_tas
 
 
 def test_catch_up_under_the_cap_dispatches_every_missed_slot_in_order(make_task, recorder):
-    task, s0 = _late_task(make_task, TaskPolicy.Misfire.CATCH_UP, limit=100)
+    task, s0 = late_task(make_task, TaskPolicy.Misfire.CATCH_UP, limit=100)
     _claim_all(recorder)
 
     assert _ledger(task) == [
@@ -90,7 +74,7 @@ def test_catch_up_under_the_cap_dispatches_every_missed_slot_in_order(make_task,
 @pytest.mark.parametrize("policy", [None, TaskPolicy.Misfire.COALESCE])
 def test_c04_coalesce_dispatches_once_for_all_missed_slots(make_task, recorder, policy):
     # without a policy row the global grace applies: 67 s late is past 60 s too
-    task, s0 = _late_task(make_task, policy)
+    task, s0 = late_task(make_task, policy)
     _claim_all(recorder)
 
     assert _ledger(task) == [
@@ -105,7 +89,7 @@ def test_c04_coalesce_dispatches_once_for_all_missed_slots(make_task, recorder, 
 def test_c04_a_run_late_within_its_grace_is_dispatched_under_any_policy(
     make_task, recorder, policy
 ):
-    task, s0 = _late_task(make_task, policy, grace=30, late_by=25)
+    task, s0 = late_task(make_task, policy, grace=30, late_by=25)
     _claim_all(recorder)
 
     assert _ledger(task) == [
@@ -119,14 +103,14 @@ def test_c04_a_run_late_within_its_grace_is_dispatched_under_any_policy(
 
 def test_per_task_grace_overrides_the_global_grace(make_task, recorder):
     # 67 s late: a misfire for a 100 s grace? no. For the global 60 s: yes (coalesced)
-    patient, p0 = _late_task(make_task, TaskPolicy.Misfire.SKIP, grace=100)
+    patient, p0 = late_task(make_task, TaskPolicy.Misfire.SKIP, grace=100)
     _claim_all(recorder)
     assert Run.objects.get(periodic_task=patient, scheduled_for=p0).status == "dispatched"
 
 
 def test_skip_records_at_most_the_row_limit_and_counts_the_rest(make_task, recorder, monkeypatch):
-    monkeypatch.setattr(ledger, "MISSED_ROWS_LIMIT", 3)
-    task, s0 = _late_task(make_task, TaskPolicy.Misfire.SKIP)
+    monkeypatch.setattr(misfire_policy, "MISSED_ROWS_LIMIT", 3)
+    task, s0 = late_task(make_task, TaskPolicy.Misfire.SKIP)
     _claim_all(recorder)
     assert _ledger(task) == [
         (s0, Run.Status.MISSED, 1),
@@ -139,7 +123,7 @@ def test_skip_records_at_most_the_row_limit_and_counts_the_rest(make_task, recor
 
 def test_the_policy_is_loaded_by_the_claim_query_not_per_run(make_task, recorder):
     for policy in (TaskPolicy.Misfire.SKIP, TaskPolicy.Misfire.CATCH_UP, None, None):
-        _late_task(make_task, policy)
+        late_task(make_task, policy)
     sent: list[str] = []
 
     def record(execute, sql, params, many, context):
@@ -194,7 +178,7 @@ def test_a_late_clocked_one_off_follows_its_misfire_policy(make_task, recorder, 
 @pytest.mark.parametrize("policy", [TaskPolicy.Misfire.SKIP, TaskPolicy.Misfire.CATCH_UP])
 def test_a_backlog_past_the_counting_cap_is_accounted_for_slot_by_slot(make_task, recorder, policy):
     """Every 1 s, 3 hours late (10,800 slots, past slots.MAX_COUNTED_SLOTS): no slot is lost."""
-    task, s0 = _late_task(make_task, policy, limit=2, late_by=3 * 3600 + 0.5, every=1)
+    task, s0 = late_task(make_task, policy, limit=2, late_by=3 * 3600 + 0.5, every=1)
     _claim_all(recorder)
     rows = list(Run.objects.filter(periodic_task=task).order_by("scheduled_for"))
     one = timedelta(seconds=1)

@@ -21,6 +21,7 @@ from project.celery import app
 from scheduling import ledger
 from scheduling.models import Run, ScheduleChange
 from scheduling.schedulers import LedgerScheduler
+from scheduling.sql import RECONCILE_LOCK
 from tests.integration.conftest import GRACE, claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -124,7 +125,7 @@ def test_one_replica_reconciles_at_a_time_and_the_others_go_on_dispatching(
     start = ledger.database_now() - timedelta(seconds=0.5)
     due = make_task(every=3600, start_time=start)
     # another replica is reconciling: it holds the turn (its session's advisory lock)
-    raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+    raw_connection.execute("SELECT pg_advisory_lock(%s)", [RECONCILE_LOCK])
     with ledger.reconcile_turn() as mine:
         assert mine is False
     ledger.reconcile(GRACE, full=False)  # what that replica's pass does: plans the new task
@@ -133,15 +134,15 @@ def test_one_replica_reconciles_at_a_time_and_the_others_go_on_dispatching(
     assert not any("scheduling_schedulechange" in s for s in _statements(captured))
     assert scheduler._turn_awaited_since is not None
     assert Run.objects.get(periodic_task=due, scheduled_for=start).status == "dispatched"
-    raw_connection.execute("SELECT pg_advisory_unlock(%s)", [ledger._RECONCILE_LOCK])
+    raw_connection.execute("SELECT pg_advisory_unlock(%s)", [RECONCILE_LOCK])
 
     with ledger.reconcile_turn() as mine:
         assert mine is True
         with raw_connection.cursor() as other:  # held: another session does not get it
-            other.execute("SELECT pg_try_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+            other.execute("SELECT pg_try_advisory_lock(%s)", [RECONCILE_LOCK])
             assert other.fetchone() == (False,)
     with raw_connection.cursor() as other:  # released on exit
-        other.execute("SELECT pg_try_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+        other.execute("SELECT pg_try_advisory_lock(%s)", [RECONCILE_LOCK])
         assert other.fetchone() == (True,)
 
 
@@ -149,12 +150,12 @@ def test_a_replica_that_skipped_its_turn_passes_again_when_its_interval_is_up(
     make_task, raw_connection, caplog
 ):
     scheduler = LedgerScheduler(app=app)
-    raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+    raw_connection.execute("SELECT pg_advisory_lock(%s)", [RECONCILE_LOCK])
     logging.getLogger("scheduling.schedulers").addHandler(caplog.handler)  # it does not propagate
     with caplog.at_level(logging.INFO, logger="scheduling.schedulers"):
         scheduler.tick()  # startup: another replica holds the turn, so no pass here
         assert not any("full reconcile" in m for m in caplog.messages)
-        raw_connection.execute("SELECT pg_advisory_unlock(%s)", [ledger._RECONCILE_LOCK])
+        raw_connection.execute("SELECT pg_advisory_unlock(%s)", [RECONCILE_LOCK])
         task = make_task(every=3600)
         with override_settings(SCHEDULING_RECONCILE_INTERVAL=0):
             scheduler.tick()
@@ -170,7 +171,7 @@ def test_a_turn_held_past_the_patience_is_taken_as_stuck_and_the_replica_reconci
     scheduler = LedgerScheduler(app=app)
     scheduler.tick()  # its startup pass
     # a replica frozen mid-pass (SIGSTOP): its session, and so the turn, lives on
-    raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+    raw_connection.execute("SELECT pg_advisory_lock(%s)", [RECONCILE_LOCK])
     task = make_task(every=3600)
     monkeypatch.setattr("scheduling.schedulers.TURN_PATIENCE", 0.3)
     logging.getLogger("scheduling.schedulers").addHandler(caplog.handler)  # it does not propagate
@@ -195,7 +196,7 @@ def test_a_replica_that_deferred_its_pass_makes_it_once_the_turn_is_free(
     server) and its pass rolled back: the replica that deferred does not trust it."""
     scheduler = LedgerScheduler(app=app)
     scheduler.tick()  # its startup pass
-    raw_connection.execute("SELECT pg_advisory_lock(%s)", [ledger._RECONCILE_LOCK])
+    raw_connection.execute("SELECT pg_advisory_lock(%s)", [RECONCILE_LOCK])
     task = make_task(every=3600)
     scheduler.tick()  # the turn is taken: it defers its pass
     assert scheduler._turn_awaited_since is not None

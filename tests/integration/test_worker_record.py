@@ -37,10 +37,10 @@ def test_an_outcome_write_on_a_terminated_connection_is_retried_after_reconnecti
 ):
     run = make_due(make_task(every=60))
     claim(recorder)
-    assert worker._record(ledger.record_started, run.task_id, "worker-1@host") is True
+    assert worker.record(ledger.record_started, run.task_id, "worker-1@host") is True
 
     pid = _terminate_django_connection(raw_connection)
-    assert worker._record(ledger.record_finished, run.task_id, Run.Status.SUCCEEDED) is True
+    assert worker.record(ledger.record_finished, run.task_id, Run.Status.SUCCEEDED) is True
 
     assert connection.connection.info.backend_pid != pid
     run.refresh_from_db()
@@ -58,7 +58,7 @@ def test_a_write_failing_twice_is_logged_and_reported_as_not_recorded(
         pids.append(_terminate_django_connection(raw_connection))
         return ledger.record_finished(task_id, status)
 
-    recorded = worker._record(finish_on_a_terminated_connection, run.task_id, Run.Status.FAILED)
+    recorded = worker.record(finish_on_a_terminated_connection, run.task_id, Run.Status.FAILED)
 
     assert recorded is False
     assert len(set(pids)) == 2  # the second attempt ran on a new connection, terminated as well

@@ -1,0 +1,85 @@
+"""The run ledger's use cases: every transaction and row lock of the app is in this package.
+
+One module per concept, each the only writer of what it names:
+
+- ``session``: the scheduler session's server-side bounds, the poll, the advisory locks;
+- ``changes``: the change log that reconcile passes read;
+- ``reconcile``: cancel what was deleted or disabled, re-plan edits (``planning`` plans);
+- ``planning``: the next slot of tasks without a pending run, tolerant of bad rows;
+- ``claim``: claim, decide (``policy``: pure misfire and overlap decisions), publish, commit;
+- ``compiled``: the claim query compiled once and sent prepared (Django/psycopg internals);
+- ``writes``: bulk inserts and updates of runs and tasks;
+- ``manual``: manual runs and backfills;
+- ``execution``: the worker side (start, duplicate guard decision, outcome);
+- ``lost``: running runs whose worker died;
+- ``prune``: deleting old finished runs.
+
+SQL text lives in ``scheduling.sql`` (named statements in ``queries.sql``; the bulk writers'
+statements composed in ``scheduling.sql.compose``). The names below are the package's public
+surface; modules outside the package import them from here.
+"""
+
+from scheduling.clock import ClockTimestamp, StatementTimestamp, database_now
+from scheduling.ledger.changes import CHANGE_RETENTION, note_unplanned
+from scheduling.ledger.claim import FLUSH_EVERY, Dispatched, Publish, claim_and_dispatch
+from scheduling.ledger.execution import (
+    Execution,
+    begin_execution,
+    record_finished,
+    record_not_executed,
+    record_retry,
+    record_started,
+)
+from scheduling.ledger.lost import LostExecutions, close_lost_executions
+from scheduling.ledger.manual import BackfillProgress, backfill, request_run
+from scheduling.ledger.planning import plan_missing
+from scheduling.ledger.policy import MISSED_ROWS_LIMIT, MisfireDecision
+from scheduling.ledger.prune import PrunePlan, prune, prune_batch, prune_counts, prune_plan
+from scheduling.ledger.reconcile import reconcile, replan_edited
+from scheduling.ledger.session import (
+    Poll,
+    application_name,
+    beat_schedule_sync,
+    configure_session,
+    poll,
+    reconcile_turn,
+)
+
+__all__ = [
+    "CHANGE_RETENTION",
+    "FLUSH_EVERY",
+    "MISSED_ROWS_LIMIT",
+    "BackfillProgress",
+    "ClockTimestamp",
+    "Dispatched",
+    "Execution",
+    "LostExecutions",
+    "MisfireDecision",
+    "Poll",
+    "PrunePlan",
+    "Publish",
+    "StatementTimestamp",
+    "application_name",
+    "backfill",
+    "beat_schedule_sync",
+    "begin_execution",
+    "claim_and_dispatch",
+    "close_lost_executions",
+    "configure_session",
+    "database_now",
+    "note_unplanned",
+    "plan_missing",
+    "poll",
+    "prune",
+    "prune_batch",
+    "prune_counts",
+    "prune_plan",
+    "reconcile",
+    "reconcile_turn",
+    "record_finished",
+    "record_not_executed",
+    "record_retry",
+    "record_started",
+    "replan_edited",
+    "request_run",
+]

@@ -1,0 +1,384 @@
+"""Claim and dispatch: lock due runs, publish them, mark them dispatched, plan the next; one
+transaction.
+
+The claim is the row lock of ``SELECT ... FOR UPDATE SKIP LOCKED`` (``compiled.CompiledClaim``),
+so it lives exactly as long as this transaction: commit, rollback, or the connection dying all
+end it (invariant 2). Each claimed run is decided here in order: load error, deleted or disabled
+task, expiry, misfire policy and overlap policy (``policy``, pure), then publish.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django_celery_beat.models import PeriodicTask
+
+from scheduling import slots
+from scheduling.conf import conf
+from scheduling.exceptions import PublishFailed, RunRejected, ScheduleError
+from scheduling.ledger.changes import note_unplanned
+from scheduling.ledger.compiled import ClaimedRun, CompiledClaim, due
+from scheduling.ledger.planning import LOAD_ERRORS, TASK_RELATED
+from scheduling.ledger.policy import MisfireDecision, misfire, one_off_misfire, overlap
+from scheduling.ledger.writes import (
+    ERROR_LIMIT,
+    TaskUpdate,
+    insert_pending,
+    insert_runs,
+    planned_run,
+    update_runs,
+    update_tasks,
+)
+from scheduling.messages import Message, build_message
+from scheduling.models import Run
+
+logger = logging.getLogger(__name__)
+
+Publish = Callable[[Message], None]
+#: Published runs a claim lets a buffering publisher hold before it flushes: one Redis round trip
+#: per this many messages, and no message waits for the whole batch to be built.
+FLUSH_EVERY = 16
+#: The run fields a claim writes back.
+_CLAIM_FIELDS = ("status", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at")
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    """A run this replica committed as dispatched (or failed/cancelled while claiming)."""
+
+    run_id: int
+    periodic_task_name: str
+    status: str
+    lateness: float | None
+    task_id: str
+    trigger: str = "schedule"
+    #: What the misfire policy did with a late run: "missed", "coalesced", "caught_up" or "".
+    misfire: str = ""
+    #: Slots that misfire covered: missed rows' slots, a coalesced run's slots, 1 caught up.
+    misfired_slots: int = 0
+    reason: str = ""
+
+
+def claim_and_dispatch(
+    publish: Publish,
+    *,
+    replica_id: str,
+    batch_size: int,
+    grace: timedelta,
+    flush: Callable[[], None] | None = None,
+    using: str = "default",
+) -> list[Dispatched]:
+    """Claim due pending runs, publish them, mark them dispatched, plan the next; one transaction.
+
+    ``publish(message)`` sends one Celery message; it raises RunRejected for a run that cannot be
+    sent (the run is recorded failed and the others go on) and lets broker errors propagate, which
+    rolls the whole claim back so nothing is marked dispatched unless its publish succeeded.
+    ``flush()``, when given, sends what a buffering publisher holds (kombu's ``Producer.batch``:
+    one Redis pipeline); it is called after every FLUSH_EVERY published runs and after the last,
+    before the ledger writes, and each run's ``dispatched_at`` is the moment its flush returned,
+    so lateness is measured to the broker. Its errors roll the claim back like a publish error.
+    Returns what was committed; an empty list when nothing was due or every due run is being
+    claimed by another replica.
+
+    A run later than its grace period after its slot is a misfire, handled by the task's misfire
+    policy (``TaskPolicy``, loaded in the claim query; ``grace`` is the default grace period, a
+    task's ``misfire_grace_seconds`` overrides it): see ``policy.misfire``.
+
+    Overlap policy skip (``TaskPolicy``): a scheduled or backfill run due while an earlier run of
+    its task is dispatched, running or retrying (dispatched less than the staleness bound ago:
+    ``overlap_stale_seconds``, else ``SCHEDULING_OVERLAP_STALE_SECONDS``), or dispatched earlier in
+    this batch, is recorded skipped with the reason, and the next slot is planned as usual. The
+    claim query loads the policy and the newest unfinished run's dispatch time with each row.
+    """
+    with transaction.atomic(using=using):
+        claimed = claim_due(batch_size, using)
+        if not claimed:
+            return []
+        claimed_at, started = claimed[0].db_now, time.monotonic()
+        following: list[tuple[PeriodicTask, datetime]] = []
+        missed: list[Run] = []
+        task_updates: dict[int, TaskUpdate] = {}
+        busy: set[int] = set()
+        unplanned: set[int] = set()
+        unsent: list[Run] = []
+
+        def send() -> None:
+            if flush is not None and unsent:
+                _flush(flush, unsent)
+                sent_at = claimed_at + timedelta(seconds=time.monotonic() - started)
+                for published in unsent:
+                    published.dispatched_at = sent_at
+            unsent.clear()
+
+        for item in claimed:
+            run = item.run
+            now = claimed_at + timedelta(seconds=time.monotonic() - started)
+            if not item.load_error:
+                item.overlap = overlap(
+                    run.periodic_task, run.trigger, run.scheduled_for,
+                    in_batch=run.periodic_task_id in busy, busy_since=item.busy_since,
+                    now=item.db_now, default_stale=conf.overlap_stale_seconds,
+                )
+            mark = len(missed)  # rows after it: the slots this run's misfire records missed
+            try:
+                nxt, over = _dispatch_one(item, publish, now, grace, replica_id, missed)
+            except PublishFailed:
+                raise  # the broker: roll the whole claim back
+            except Exception as exc:  # noqa: BLE001 - one bad row must not stop the batch
+                logger.exception(
+                    "cannot dispatch run %s of %r", run.task_id, run.periodic_task_name,
+                    extra={"action": "dispatch_failed"},
+                )
+                close(run, Run.Status.FAILED, Run.Reason.DISPATCH_ERROR, now, error=repr(exc))
+                nxt, over = None, False
+            item.missed_after = sum(row.slots for row in missed[mark:])
+            if run.status == Run.Status.DISPATCHED:
+                unsent.append(run)
+                if len(unsent) >= FLUSH_EVERY:
+                    send()
+                if run.periodic_task_id is not None:
+                    busy.add(run.periodic_task_id)
+            task = run.periodic_task
+            if task is None or run.trigger != Run.Trigger.SCHEDULE:
+                continue
+            update = task_updates.setdefault(task.pk, TaskUpdate())
+            if run.status == Run.Status.DISPATCHED:
+                update.ran(run.scheduled_for)
+            update.disable = update.disable or over
+            if nxt is not None:
+                following.append((task, nxt))
+            elif not over and task.enabled and run.status != Run.Status.CANCELLED:
+                unplanned.add(task.pk)  # its schedule gave no next slot: reconcile says why
+        send()
+        # Not in a psycopg pipeline: after one, PostgreSQL did not end the session when it then
+        # sat idle in the transaction, and that bound is what frees a frozen replica's claim.
+        update_runs([item.run for item in claimed], _CLAIM_FIELDS, using)
+        insert_runs(missed, using)
+        insert_pending(following, using)
+        update_tasks(task_updates, using)
+        if unplanned:
+            note_unplanned(unplanned, using)
+    result = [_dispatched(item) for item in claimed]
+    for done in result:
+        _log(done, replica_id)
+    return result
+
+
+def _dispatched(item: ClaimedRun) -> Dispatched:
+    run, decision = item.run, item.misfire
+    outcome, misfired = "", 0
+    if decision is not None and run.status == Run.Status.MISSED:
+        outcome, misfired = decision.outcome, run.slots + item.missed_after
+    elif decision is not None and run.status == Run.Status.DISPATCHED:
+        outcome, misfired = decision.outcome, decision.misfired_slots
+    return Dispatched(
+        run_id=run.pk,
+        periodic_task_name=run.periodic_task_name,
+        status=run.status,
+        lateness=None if run.lateness is None else run.lateness.total_seconds(),
+        task_id=run.task_id,
+        trigger=run.trigger,
+        misfire=outcome,
+        misfired_slots=misfired,
+        reason=run.reason,
+    )
+
+
+def _log(done: Dispatched, replica_id: str) -> None:
+    if done.status == Run.Status.DISPATCHED:
+        logger.info(
+            "dispatched %s (task id %s), lateness %.3fs",
+            done.periodic_task_name, done.task_id, done.lateness or 0.0,
+            extra={"action": "dispatch", "replica": replica_id},
+        )
+    elif done.status == Run.Status.SKIPPED:
+        logger.info(
+            "skipped %s (task id %s): the previous run is not finished",
+            done.periodic_task_name, done.task_id,
+            extra={"action": "skip", "replica": replica_id},
+        )
+    elif done.status == Run.Status.CANCELLED:
+        logger.info(
+            "cancelled %s (task id %s): %s", done.periodic_task_name, done.task_id,
+            done.reason, extra={"action": "cancel", "replica": replica_id},
+        )
+
+
+def _flush(flush: Callable[[], None], runs: list[Run]) -> None:
+    """Send the buffered messages of ``runs``; raise PublishFailed naming them if that fails."""
+    try:
+        flush()
+    except Exception as exc:
+        cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+        ids = ", ".join(run.task_id for run in runs)
+        raise PublishFailed(f"cannot publish runs {ids}: {exc}{cause}") from exc
+
+
+def claim_due(batch_size: int, using: str = "default") -> list[ClaimedRun]:
+    """Lock up to ``batch_size`` due pending runs (SKIP LOCKED) with their tasks and policies.
+
+    A schedule row Django cannot load (an unknown time zone written by raw SQL, say) must not stop
+    every other run: on such an error, raised in Python while the rows are turned into models
+    (the query itself succeeded and its locks are held), the runs are claimed alone and each task
+    is loaded on its own; a task that still cannot be loaded leaves its run's ``load_error`` set,
+    and the run is recorded failed with that error.
+    """
+    try:
+        return CompiledClaim.of(batch_size, using).fetch()
+    except LOAD_ERRORS as exc:
+        logger.error(
+            "a schedule row cannot be loaded (%s); claiming run by run", exc,
+            extra={"action": "load_failed"},
+        )
+    rows = list(due(using).values_list("pk", "db_now", "busy_since")[:batch_size])
+    runs = Run.objects.using(using).in_bulk([pk for pk, _, _ in rows])
+    claimed = [ClaimedRun(runs[pk], db_now=now, busy_since=since) for pk, now, since in rows]
+    tasks = _load_tasks({item.run.periodic_task_id for item in claimed} - {None}, using)
+    for item in claimed:
+        if item.run.periodic_task_id is None:
+            continue
+        loaded = tasks.get(item.run.periodic_task_id)
+        if isinstance(loaded, Exception):
+            item.load_error = f"cannot load the periodic task or its schedule: {loaded}"
+        elif loaded is not None:
+            item.run.periodic_task = loaded
+    return claimed
+
+
+def _load_tasks(ids: set[int], using: str) -> dict[int, PeriodicTask | Exception]:
+    """Load tasks with their schedules and policies one by one; errors are returned, not raised."""
+    query = PeriodicTask.objects.using(using).select_related(*TASK_RELATED, "scheduling_policy")
+    loaded: dict[int, PeriodicTask | Exception] = {}
+    for pk in sorted(ids):
+        try:
+            with transaction.atomic(using=using):
+                found = query.filter(pk=pk).first()
+        except LOAD_ERRORS as exc:
+            loaded[pk] = exc
+        else:
+            if found is not None:
+                loaded[pk] = found
+    return loaded
+
+
+def close(run: Run, status: str, reason: str, now: datetime, error: str = "") -> None:
+    """Set a claimed run's outcome fields: it ends here, without a dispatch."""
+    run.status = status
+    run.reason = reason
+    run.error = error[:ERROR_LIMIT]
+    run.finished_at = now
+
+
+def _dispatch_one(
+    item: ClaimedRun,
+    publish: Publish,
+    now: datetime,
+    grace: timedelta,
+    replica_id: str,
+    missed: list[Run],
+) -> tuple[datetime | None, bool]:
+    """Decide one claimed run, publish it unless it ends here, and set its outcome fields.
+
+    Returns ``(next slot to plan or None, whether the task's schedule is over)``. A schedule that
+    fails to give a next slot is logged and left enabled; the reconcile pass records its error.
+    Rows for slots a misfire records as missed are appended to ``missed`` (to be inserted).
+    """
+    run = item.run
+    run.claimed_by = replica_id
+    if item.load_error:
+        logger.error(
+            "run %s failed: %s", run.task_id, item.load_error, extra={"action": "load_failed"}
+        )
+        close(run, Run.Status.FAILED, Run.Reason.INVALID_SCHEDULE, now, error=item.load_error)
+        return None, False
+    task = run.periodic_task
+    if task is None:
+        close(run, Run.Status.CANCELLED, Run.Reason.TASK_DELETED, now)
+        return None, False
+    scheduled = run.trigger == Run.Trigger.SCHEDULE
+    if scheduled and not task.enabled:
+        close(run, Run.Status.CANCELLED, Run.Reason.TASK_DISABLED, now)
+        return None, False
+    if scheduled and task.expires is not None and run.scheduled_for >= task.expires:
+        close(run, Run.Status.CANCELLED, Run.Reason.TASK_EXPIRED, now)
+        return None, True
+    nxt: datetime | None = None
+    over = scheduled and task.one_off
+    if over:
+        item.misfire = one_off_misfire(task, run.scheduled_for, now, grace)
+        if item.misfire is not None:
+            close(run, Run.Status.MISSED, item.misfire.reason, now)
+            return None, True
+    if scheduled and not task.one_off:
+        try:
+            item.misfire = misfire(task, run.scheduled_for, now, grace)
+            if item.misfire is None:
+                nxt = slots.next_run(task, run.scheduled_for)
+            else:
+                nxt = item.misfire.next_slot
+                _apply_misfire(item, item.misfire, now, replica_id, missed)
+            over = nxt is None
+        except ScheduleError as exc:
+            logger.error(
+                "cannot plan the run after %s of %r: %s", run.scheduled_for, task.name, exc,
+                extra={"action": "plan"},
+            )
+        if run.status == Run.Status.MISSED:
+            return nxt, over
+    if item.overlap:  # overlap policy skip
+        close(run, Run.Status.SKIPPED, item.overlap, now)
+        return nxt, over
+    try:
+        message = build_message(run, task)
+        try:
+            publish(message)
+        except RunRejected:
+            raise
+        except Exception as exc:
+            raise PublishFailed(f"cannot publish run {run.task_id}: {exc}") from exc
+    except RunRejected as exc:
+        logger.error(
+            "run of %r at %s rejected: %s", task.name, run.scheduled_for, exc,
+            extra={"action": "reject"},
+        )
+        close(run, Run.Status.FAILED, Run.Reason.REJECTED, now, error=str(exc))
+        return nxt, over
+    run.status = Run.Status.DISPATCHED
+    run.dispatched_at = now
+    return nxt, over
+
+
+def _apply_misfire(
+    item: ClaimedRun,
+    decision: MisfireDecision,
+    now: datetime,
+    replica_id: str,
+    missed: list[Run],
+) -> None:
+    """Write a misfire decision onto the claimed run, and queue the rows of its missed slots."""
+    run, task = item.run, item.run.periodic_task
+    assert task is not None
+    if decision.dispatches:
+        run.reason, run.slots = decision.reason, decision.slots
+        return
+    close(run, Run.Status.MISSED, decision.reason, now)
+    rows = [
+        planned_run(
+            task, slot, status=Run.Status.MISSED, reason=decision.reason, claimed_by=replica_id,
+            finished_at=now,
+        )
+        for slot in decision.missed
+    ]
+    if rows:
+        rows[-1].slots = decision.last_row_slots
+    missed.extend(rows)
+    logger.warning(
+        "misfire of %r: %d slots from %s recorded missed (%s policy)",
+        task.name, decision.misfired_slots, run.scheduled_for,
+        task.scheduling_policy.misfire_policy, extra={"action": "misfire"},
+    )

@@ -1,0 +1,265 @@
+"""The worker side of a run: its start (with the duplicate guard's decision) and its outcome.
+
+Called by ``scheduling.guard`` and ``scheduling.worker`` in the worker's processes. Invariant 3:
+``begin_execution`` decides in one transaction on the run row whether a delivery executes, so a
+re-publish or a broker redelivery of a task id runs at most once while the first is running on a
+live worker or after it finished.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import Case, F, IntegerField, TextField, Value, When
+
+from scheduling import slots
+from scheduling.clock import ClockTimestamp, database_now
+from scheduling.exceptions import ScheduleError
+from scheduling.ledger.changes import note_unplanned
+from scheduling.ledger.planning import SCHEDULE_RELATED
+from scheduling.ledger.writes import ERROR_LIMIT, TaskUpdate, insert_pending, update_tasks
+from scheduling.models import Run
+
+logger = logging.getLogger(__name__)
+
+
+def record_started(task_id: str, worker: str, using: str = "default") -> bool:
+    """Mark the run with ``task_id`` running on ``worker``; return False if no run matched.
+
+    For workers without the guard (``begin_execution`` records the start with its decision).
+    Waits for a claim in progress on the row (bounded by the claim transaction). A run still
+    pending after that is adopted (``_start``).
+    """
+    with transaction.atomic(using=using):
+        run = (
+            Run.objects.using(using)
+            .live()
+            .filter(task_id=task_id)
+            .select_related(*SCHEDULE_RELATED)
+            .select_for_update(of=("self",))
+            .first()
+        )
+        if run is None:
+            return False
+        _start(run, {"worker": worker[:255]}, using)
+    return True
+
+
+def _start(run: Run, fields: dict[str, object], using: str) -> None:
+    """Mark the locked ``run`` running now, with ``fields``; adopt it if it is still pending.
+
+    A run still pending when a worker starts it was published by a replica whose claim then
+    rolled back (it died or was stopped before committing): its message is out, so this delivery
+    is its dispatch. The run is adopted: recorded as dispatched now, with reason ADOPTED, and the
+    task's following slot is planned, as the claim would have done. No replica re-publishes it
+    afterwards, since it is no longer pending.
+    """
+    fields = {"status": Run.Status.RUNNING, "started_at": ClockTimestamp(), **fields}
+    adopted = run.status == Run.Status.PENDING
+    if adopted:  # one clock read: started and dispatched at the same instant
+        now = database_now(using)
+        fields.update(started_at=now, dispatched_at=now, reason=Run.Reason.ADOPTED)
+    Run.objects.using(using).filter(pk=run.pk).update(**fields)
+    if adopted:  # after the update: a task has one pending scheduled run at a time
+        _plan_after_adoption(run, using)
+
+
+def _plan_after_adoption(run: Run, using: str) -> None:
+    """Do what the rolled-back claim would have done after publishing ``run``, and log it."""
+    logger.warning(
+        "adopted run %s of %r: published by a replica that did not commit its claim",
+        run.task_id, run.periodic_task_name, extra={"action": "adopt"},
+    )
+    task = run.periodic_task
+    if task is None or run.trigger != Run.Trigger.SCHEDULE:
+        return
+    update = TaskUpdate()
+    update.ran(run.scheduled_for)
+    if task.one_off:
+        update.disable = True
+    else:
+        try:
+            nxt = slots.next_run(task, run.scheduled_for)
+        except ScheduleError:
+            nxt = None  # the reconcile pass records the schedule's error
+            note_unplanned({task.pk}, using)
+        else:
+            update.disable = nxt is None
+        if nxt is not None:
+            insert_pending([(task, nxt)], using)
+    update_tasks({task.pk: update}, using)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The guard's decision for one delivery: run the task body or drop the delivery.
+
+    ``tracked`` is False when no run has this task id (the body runs, nothing is recorded).
+    ``reason`` says why (logged, and kept on the run for re-executions).
+    """
+
+    execute: bool
+    tracked: bool
+    reason: str
+    run_id: int | None = None
+
+
+def begin_execution(
+    task_id: str,
+    worker: str,
+    *,
+    retries: int,
+    redelivered: bool,
+    exclusive: bool,
+    using: str = "default",
+) -> Execution:
+    """Decide, in one transaction on the run row, whether this delivery of ``task_id`` executes.
+
+    ``retries`` is Celery's ``request.retries`` of the delivery, ``redelivered`` the broker's flag
+    (``delivery_info["redelivered"]``), and ``exclusive`` whether the caller got the run's
+    execution lock for this attempt (``scheduling.guard``: a PostgreSQL advisory lock held by the
+    executing process's own session for as long as the body runs, so the server frees it when that
+    process dies). The rule, run by run status:
+
+    - pending (published by a replica whose claim rolled back): adopted, executes;
+    - dispatched: executes (the first delivery);
+    - running: a later Celery retry (``retries`` above the run's) executes; the same attempt
+      executes again only with evidence that its worker died mid-task: the broker redelivered the
+      message AND the execution lock was free (its holder's database session has ended). Otherwise
+      it is a duplicate of an execution on a live worker and is dropped;
+    - retrying: only the next attempt (``retries`` above the run's) executes;
+    - succeeded, failed, expired, skipped, missed, cancelled: dropped (finished).
+
+    Without ``exclusive`` nothing executes: a live process holds this attempt's lock. An executing
+    delivery sets running, ``started_at``, ``worker``, ``retries`` and adds one to ``executions``;
+    a dropped one adds one to ``suppressed``. Database errors propagate (the guard requeues).
+    """
+    with transaction.atomic(using=using):
+        run = (
+            Run.objects.using(using)
+            .filter(task_id=task_id)
+            .select_related(*SCHEDULE_RELATED)
+            .annotate(db_now=ClockTimestamp())
+            .select_for_update(of=("self",))
+            # A live run first; a cancelled one only when no other has this task id.
+            .order_by(
+                Case(
+                    When(status=Run.Status.CANCELLED, then=1),
+                    default=0,
+                    output_field=IntegerField(),
+                ),
+                "-pk",
+            )
+            .first()
+        )
+        if run is None:
+            return Execution(True, False, "no run has this task id")
+        reason = _execution_verdict(run, retries, redelivered, exclusive)
+        if reason is None:
+            Run.objects.using(using).filter(pk=run.pk).update(
+                suppressed=F("suppressed") + 1
+            )
+            return Execution(False, True, _suppressed_reason(run, exclusive), run.pk)
+        fields: dict[str, object] = {
+            "worker": worker[:255],
+            "retries": retries,
+            "executions": F("executions") + 1,
+        }
+        if run.status == Run.Status.RUNNING and retries == run.retries:
+            fields["reason"] = reason
+        _start(run, fields, using)
+    return Execution(True, True, reason, run.pk)
+
+
+def _execution_verdict(run: Run, retries: int, redelivered: bool, exclusive: bool) -> str | None:
+    """Return why this delivery executes, or None to drop it (rule in ``begin_execution``)."""
+    if not exclusive:
+        return None
+    status = run.status
+    if status == Run.Status.PENDING:
+        return Run.Reason.ADOPTED
+    if status == Run.Status.DISPATCHED:
+        return Run.Reason.FIRST_DELIVERY
+    if status in (Run.Status.RUNNING, Run.Status.RETRYING) and retries > run.retries:
+        return Run.Reason.celery_retry(retries)
+    if status == Run.Status.RUNNING and retries == run.retries and redelivered:
+        return Run.Reason.REEXECUTED
+    return None
+
+
+def _suppressed_reason(run: Run, exclusive: bool) -> str:
+    if not exclusive:
+        return "running on a live worker"
+    if run.status in Run.FINAL_STATUSES:
+        return f"already {run.status}"
+    return f"duplicate of a {run.status} run (attempt {run.retries})"
+
+
+def record_finished(
+    task_id: str,
+    status: str,
+    error: str = "",
+    *,
+    retries: int | None = None,
+    using: str = "default",
+) -> bool:
+    """Record the final ``status`` (succeeded or failed) and a short error text on the run.
+
+    With ``retries`` (the finishing attempt's ``request.retries``), only that attempt's outcome is
+    recorded, so a late signal of an earlier attempt cannot overwrite a later one. A run closed as
+    "worker lost" takes the outcome of its attempt if that attempt did finish after all.
+    """
+    runs = (
+        Run.objects.using(using)
+        .filter(task_id=task_id)
+        .exclude(status__in=(Run.Status.CANCELLED, Run.Status.PENDING, *Run.FINAL_STATUSES))
+        # the worker was only thought lost (its lock session ended, it did not): the real outcome
+        | Run.objects.using(using).filter(
+            task_id=task_id, status=Run.Status.FAILED, reason=Run.Reason.WORKER_LOST
+        )
+    )
+    if retries is not None:
+        runs = runs.filter(retries=retries)
+    reason = Case(
+        When(reason=Run.Reason.WORKER_LOST, then=Value(Run.Reason.LATE_OUTCOME)),
+        default=F("reason"),
+        output_field=TextField(),
+    )
+    return bool(
+        runs.update(
+            status=status, finished_at=ClockTimestamp(), error=error[:ERROR_LIMIT], reason=reason
+        )
+    )
+
+
+def record_retry(
+    task_id: str, error: str = "", *, retries: int | None = None, using: str = "default"
+) -> bool:
+    """Mark the run retrying (a Celery retry of the same run is on its way).
+
+    ``retries`` is the retrying attempt's ``request.retries``: when the next attempt already
+    started (its message can overtake this signal), the run is left running.
+    """
+    runs = Run.objects.using(using).filter(task_id=task_id, status=Run.Status.RUNNING)
+    if retries is not None:
+        runs = runs.filter(retries=retries)
+    return bool(runs.update(status=Run.Status.RETRYING, error=error[:ERROR_LIMIT]))
+
+
+def record_not_executed(task_id: str, status: str, reason: str, error: str = "",
+                        using: str = "default") -> bool:
+    """Close a run whose message a worker dropped before executing it; return True if one was.
+
+    Used for an expired message (``status`` expired), a revoked one and a task name the worker
+    does not know (failed). Only a run not yet started (pending or dispatched) is closed: a
+    duplicate message dropped while the run executes elsewhere leaves it alone.
+    """
+    return bool(
+        Run.objects.using(using)
+        .filter(task_id=task_id, status__in=(Run.Status.PENDING, Run.Status.DISPATCHED))
+        .update(
+            status=status, reason=reason, error=error[:ERROR_LIMIT], finished_at=ClockTimestamp()
+        )
+    )

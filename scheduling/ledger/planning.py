@@ -1,0 +1,150 @@
+"""Planning: the next slot of every enabled task without a pending run, tolerant of bad rows.
+
+A task whose row or schedule row Django cannot load, or whose schedule cannot give a slot, gets
+one failed run with the error (once per distinct error, invariant 7) and never stops the others.
+Slots come from ``scheduling.slots`` (invariant 6: the schedule and the previous slot only).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.core.exceptions import ValidationError
+from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
+from django_celery_beat.models import PeriodicTask
+
+from scheduling import slots
+from scheduling.clock import database_now
+from scheduling.exceptions import ScheduleError
+from scheduling.ledger.policy import task_grace
+from scheduling.ledger.writes import failed_plan, insert_pending, insert_runs
+from scheduling.models import Run
+
+logger = logging.getLogger(__name__)
+
+#: The schedule rows of a periodic task, loaded with it (``select_related``).
+TASK_RELATED = ("interval", "crontab", "clocked", "solar")
+#: The same, from a run.
+SCHEDULE_RELATED = tuple(f"periodic_task__{name}" for name in TASK_RELATED)
+
+
+def plan_missing(
+    grace: timedelta, using: str = "default", chunk_size: int = 2000, only: Q | None = None
+) -> int:
+    """Plan the next slot of every enabled task that has no pending scheduled run.
+
+    ``only`` restricts the tasks looked at (a filter on PeriodicTask), for incremental passes.
+
+    Returns the number of runs inserted (concurrent planners' duplicates are dropped by the unique
+    constraints, and not counted). A task whose schedule cannot produce a slot gets one failed run
+    with the error (once per distinct error) and keeps its other runs' history.
+    """
+    pending = Run.objects.scheduled().pending().filter(periodic_task=OuterRef("pk"))
+    latest = Run.objects.latest_scheduled().filter(periodic_task=OuterRef("pk"))
+    tasks = (
+        PeriodicTask.objects.using(using)
+        .filter(Q(enabled=True) & (only if only is not None else Q()))
+        .exclude(Exists(pending))
+        .annotate(
+            last_slot=Subquery(latest.values("scheduled_for")[:1]),
+            last_error=Subquery(latest.values("error")[:1]),
+        )
+        .select_related(*TASK_RELATED, "scheduling_policy")
+        .order_by("pk")
+    )
+    planned = 0
+    now = database_now(using)
+    batch: list[tuple[PeriodicTask, datetime]] = []
+    failed: list[Run] = []
+    finished: list[tuple[int, str]] = []
+    for task in _iterate_tasks(tasks, chunk_size, using):
+        if isinstance(task, _Unloadable):
+            if task.last_error != task.error:
+                logger.error(
+                    "cannot load periodic task %r (id %s): %s", task.task.name, task.pk, task.error,
+                    extra={"action": "plan"},
+                )
+                failed.append(failed_plan(task.task, now, task.error))
+            continue
+        try:
+            slot = slots.initial_run(
+                task, now, last_slot=task.last_slot, grace=task_grace(task, grace)
+            )
+        except ScheduleError as exc:
+            if task.last_error != str(exc):
+                logger.error(
+                    "cannot plan periodic task %r: %s", task.name, exc, extra={"action": "plan"}
+                )
+                failed.append(failed_plan(task, now, str(exc)))
+            continue
+        if slot is None:
+            finished.append((task.pk, task.name))
+            continue
+        batch.append((task, slot))
+        if len(batch) >= chunk_size:
+            planned += insert_pending(batch, using)
+            batch = []
+    planned += insert_pending(batch, using) + insert_runs(failed, using)
+    if finished:
+        PeriodicTask.objects.using(using).filter(pk__in=[pk for pk, _ in finished]).update(
+            enabled=False
+        )
+        names = ", ".join(repr(name) for _, name in finished[:10])
+        more = f" and {len(finished) - 10} more" if len(finished) > 10 else ""
+        logger.info(
+            "disabled %d periodic tasks whose schedule is over (expired, or its one run done):"
+            " %s%s", len(finished), names, more, extra={"action": "disable"},
+        )
+    return planned
+
+
+#: Errors Django raises while turning a bad row into a model (not database errors).
+LOAD_ERRORS = (ValidationError, ValueError, TypeError, OverflowError, LookupError)
+
+
+@dataclass
+class _Unloadable:
+    """A periodic task whose row (or schedule row) Django cannot load, with the error."""
+
+    task: PeriodicTask
+    error: str
+    last_error: str
+
+    @property
+    def pk(self) -> int:
+        return self.task.pk
+
+
+def _iterate_tasks(
+    tasks: QuerySet[PeriodicTask], chunk_size: int, using: str
+) -> Iterator[PeriodicTask | _Unloadable]:
+    """Iterate ``tasks`` by chunks of ids; past a row that cannot be loaded, go task by task."""
+    ids = list(tasks.values_list("pk", flat=True))
+    for start in range(0, len(ids), chunk_size):
+        chunk = ids[start : start + chunk_size]
+        try:
+            loaded: list[PeriodicTask] | None = list(tasks.filter(pk__in=chunk))
+        except LOAD_ERRORS:
+            loaded = None
+        if loaded is not None:
+            yield from loaded
+            continue
+        for pk in chunk:
+            try:
+                found = tasks.filter(pk=pk).first()
+            except LOAD_ERRORS as exc:
+                bare = PeriodicTask.objects.using(using).only("id", "name", "task").get(pk=pk)
+                last_error = (
+                    Run.objects.using(using)
+                    .latest_scheduled()
+                    .filter(periodic_task_id=pk)
+                    .values_list("error", flat=True)
+                    .first()
+                )
+                yield _Unloadable(bare, f"cannot load the schedule: {exc}", last_error or "")
+            else:
+                if found is not None:
+                    yield found

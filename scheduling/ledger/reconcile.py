@@ -1,0 +1,177 @@
+"""Reconcile: bring the pending runs in line with the periodic tasks after edits and deletions.
+
+A pass cancels pending runs of deleted and disabled tasks, re-plans the not yet due runs whose
+definition changed (``replan_edited``), plans what is missing (``planning.plan_missing``) and
+closes lost executions. Safe from any number of replicas at once: rows being claimed are skipped,
+and the unique constraints drop concurrent duplicates (invariant 1).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django_celery_beat.models import PeriodicTask
+
+from scheduling import slots
+from scheduling.clock import ClockTimestamp, database_now
+from scheduling.exceptions import ScheduleError
+from scheduling.ledger.changes import affected, recent_changes
+from scheduling.ledger.lost import LostExecutions, close_lost_executions
+from scheduling.ledger.planning import SCHEDULE_RELATED, plan_missing
+from scheduling.ledger.writes import insert_pending
+from scheduling.models import Run, ScheduleChange
+
+logger = logging.getLogger(__name__)
+
+
+def reconcile(
+    grace: timedelta,
+    using: str = "default",
+    *,
+    full: bool = True,
+    lost: LostExecutions | None = None,
+) -> int:
+    """Bring the pending runs in line with the periodic tasks; return the number of runs planned.
+
+    1. Pending runs of deleted tasks, and pending scheduled runs of disabled tasks, are cancelled.
+    2. Pending scheduled runs not yet due whose task or schedule row (crontab, interval, solar,
+       clocked, possibly shared by many tasks) changed are cancelled and planned again from the
+       new definition, when the slot changed (see ``replan_edited``).
+    3. Every enabled task without a pending scheduled run gets one (its next slot), or is disabled
+       when its schedule is over (clocked time passed, expired, one-off done).
+    4. With ``lost`` (the replica's memory of runs seen without their execution lock): running
+       runs whose worker is gone are closed as failed, "worker lost" (``close_lost_executions``).
+
+    ``full=False`` (the scheduler's passes after its first) looks only at what the change log
+    (``ScheduleChange``: edits, creations, schedules that failed to give a slot at claim time)
+    names, plus pending runs whose task was deleted: its cost follows the changes, not the number
+    of tasks, and with no change it is three short indexed queries. ``full=True`` checks every
+    task (at a replica's start, and as a safety net every SCHEDULING_FULL_RECONCILE_INTERVAL).
+
+    Safe to run from any number of replicas at once: rows being claimed are skipped, and the unique
+    constraints drop concurrent duplicates (invariant 1).
+    """
+    changed = recent_changes(using)
+    unplanned = changed.pop(ScheduleChange.Kind.UNPLANNED, set())
+    _cancel_orphans(using, None if full else changed.get(ScheduleChange.Kind.TASK, set()))
+    replan_edited(using, changed)
+    if full:
+        planned = plan_missing(grace, using)
+    elif changed or unplanned:
+        only = affected(changed, prefix="") | Q(id__in=sorted(unplanned))
+        planned = plan_missing(grace, using, only=only)
+    else:
+        planned = 0
+    if lost is not None:
+        close_lost_executions(lost, using)
+    return planned
+
+
+def _cancel_orphans(using: str, task_ids: set[int] | None) -> None:
+    """Cancel pending runs of deleted tasks, and scheduled ones of disabled tasks.
+
+    ``task_ids``: look for disabled tasks among these only (None: among all).
+    """
+    orphan = Q(periodic_task__isnull=True)
+    disabled = Q(trigger=Run.Trigger.SCHEDULE, periodic_task__enabled=False)
+    if task_ids is None:
+        orphan |= disabled
+    elif task_ids:
+        orphan |= disabled & Q(periodic_task_id__in=sorted(task_ids))
+    with transaction.atomic(using=using):
+        orphans = list(
+            Run.objects.using(using)
+            .pending()
+            .filter(orphan)
+            .select_for_update(skip_locked=True, of=("self",))
+            .values_list("pk", "periodic_task_id")
+        )
+        if not orphans:
+            return
+        deleted = [pk for pk, task_id in orphans if task_id is None]
+        disabled_runs = [pk for pk, task_id in orphans if task_id is not None]
+        reasons = ((deleted, Run.Reason.TASK_DELETED), (disabled_runs, Run.Reason.TASK_DISABLED))
+        for ids, reason in reasons:
+            if ids:
+                Run.objects.using(using).filter(pk__in=ids).update(
+                    status=Run.Status.CANCELLED, reason=reason, finished_at=ClockTimestamp()
+                )
+                logger.info(
+                    "cancelled %d pending runs: %s", len(ids), reason, extra={"action": "cancel"}
+                )
+
+
+def replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> None:
+    """Re-plan the pending runs whose definition changed recently; cost follows the changes.
+
+    The change log (``ScheduleChange``, written by database triggers on every UPDATE of a periodic
+    task's scheduling columns or of a schedule row, including ``QuerySet.update()`` and raw SQL)
+    names what changed in the last CHANGE_RETENTION (``changed``, by kind; read from the log when
+    None, less the unplanned entries, which only ``plan_missing`` uses). Only the pending, not
+    yet due scheduled runs of tasks named there, or using a schedule row named there, are looked
+    at: each gets its slot
+    recomputed from the current definition: the first slot after the database clock and after
+    the task's last run (``slots.initial_run`` with no grace), so an edit never fires a slot that
+    is already past, even one inside the grace period. A run whose slot moved is cancelled
+    ("schedule edited") and the new slot is planned in the same transaction (none when the
+    schedule is over: ``plan_missing`` then disables the task). A run whose slot did not move is
+    left alone, so looking at a change again (each pass within the retention) is harmless; that
+    also covers an edit whose transaction committed after the run was planned from the old
+    definition.
+    """
+    if changed is None:
+        changed = recent_changes(using)
+        changed.pop(ScheduleChange.Kind.UNPLANNED, None)
+    if not changed:
+        return
+    with transaction.atomic(using=using):
+        now = database_now(using)
+        edited = list(
+            Run.objects.using(using)
+            .pending()
+            .scheduled()
+            .filter(
+                affected(changed, prefix="periodic_task__"),
+                periodic_task__enabled=True,
+                scheduled_for__gt=ClockTimestamp(),
+            )
+            .annotate(last_slot=Subquery(_last_slot_of_task()))
+            .select_related(*SCHEDULE_RELATED)
+            .select_for_update(skip_locked=True, of=("self",))
+        )
+        moved: list[int] = []
+        replacements: list[tuple[PeriodicTask, datetime]] = []
+        for run in edited:
+            task = run.periodic_task
+            try:
+                slot = slots.initial_run(task, now, last_slot=run.last_slot, grace=timedelta(0))
+            except ScheduleError:
+                slot = None  # plan_missing records the schedule's error
+            if slot == run.scheduled_for:
+                continue
+            moved.append(run.pk)
+            if slot is not None:
+                replacements.append((task, slot))
+            logger.info(
+                "re-planning %s after an edit: %s -> %s",
+                task.name, run.scheduled_for, slot, extra={"action": "replan"},
+            )
+        if moved:
+            Run.objects.using(using).filter(pk__in=moved).update(
+                status=Run.Status.CANCELLED, reason=Run.Reason.SCHEDULE_EDITED,
+                finished_at=ClockTimestamp(),
+            )
+        insert_pending(replacements, using)
+
+
+def _last_slot_of_task() -> QuerySet[Run]:
+    """The newest slot the row's task ran (or missed, skipped...): not pending, not cancelled."""
+    return (
+        Run.objects.latest_scheduled()
+        .filter(periodic_task=OuterRef("periodic_task"))
+        .exclude(status=Run.Status.PENDING)
+        .values("scheduled_for")[:1]
+    )

@@ -1,0 +1,121 @@
+"""The scheduler's database session: its server-side bounds, the poll, and the advisory locks.
+
+A replica's session carries ``idle_in_transaction_session_timeout``, ``statement_timeout`` and TCP
+keepalives (invariant 8: a frozen or partitioned replica cannot hold its claim longer than the
+server allows). Two advisory locks order work between replicas: the reconcile turn (session
+level) and the ``CELERY_BEAT_SCHEDULE`` sync (transaction level). Neither is needed for
+correctness; they keep replicas from doing the same work at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connections, transaction
+
+from scheduling.conf import conf
+from scheduling.sql import BEAT_SCHEDULE_LOCK, RECONCILE_LOCK, queries
+
+
+@dataclass(frozen=True)
+class Poll:
+    """One look at the ledger: the database clock, the earliest pending run, the edit marker."""
+
+    now: datetime
+    next_due: datetime | None
+    change_marker: datetime | None
+
+    def seconds_until_due(self) -> float | None:
+        """Seconds from ``now`` until the earliest pending run (<= 0 when one is due)."""
+        if self.next_due is None:
+            return None
+        return (self.next_due - self.now).total_seconds()
+
+
+def configure_session(using: str = "default") -> None:
+    """Apply the scheduler's server-side bounds to its connection, once per connection.
+
+    ``idle_in_transaction_session_timeout`` and ``statement_timeout`` bound how long a frozen or
+    partitioned replica can hold its claim (invariant 8, docs/architecture.md); the TCP keepalive
+    settings let the server notice a vanished client. ``application_name`` is
+    ``scheduling-beat:<replica id>`` (cut to 63 bytes), so ``pg_stat_activity`` shows which
+    session is which replica's.
+    """
+    connection = connections[using]
+    connection.ensure_connection()
+    raw = connection.connection
+    if getattr(connection, "_scheduling_session", None) is raw:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries["session_bounds"],
+            [
+                f"{int(conf.idle_in_transaction_timeout * 1000)}ms",
+                f"{int(conf.statement_timeout * 1000)}ms",
+                str(conf.tcp_keepalives_idle),
+                str(max(1, conf.tcp_keepalives_idle // 2)),
+                "3",
+                application_name(conf.replica_id),
+            ],
+        )
+    connection._scheduling_session = raw  # type: ignore[attr-defined]
+
+
+def application_name(replica_id: str) -> str:
+    """Return the ``application_name`` of replica ``replica_id``'s scheduler session."""
+    return f"scheduling-beat:{replica_id}".encode()[:63].decode(errors="ignore")
+
+
+def poll(using: str = "default") -> Poll:
+    """Return the database clock, the earliest pending run's slot and the edit marker, in one query.
+
+    This is the whole cost of an idle tick, whatever the number of periodic tasks: the earliest
+    pending run is the first entry of the partial index on pending runs (``ORDER BY ... LIMIT 1``
+    reads one entry whatever the table's statistics say; ``min()`` may be planned as a scan of
+    the whole index while the statistics are stale).
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries["poll"])
+        now, next_due, marker = cursor.fetchone()
+    return Poll(now=now, next_due=next_due, change_marker=marker)
+
+
+@contextmanager
+def reconcile_turn(using: str = "default") -> Iterator[bool]:
+    """Yield whether this replica may reconcile now: no other replica is reconciling.
+
+    ``pg_try_advisory_lock`` on ``scheduling.sql.RECONCILE_LOCK`` (session level, released on
+    exit or when the session ends, a killed replica included): replicas that see the same edit
+    re-plan it one after another, not all at once, and the others go on dispatching meanwhile. A
+    session-level lock outlives no session, but nothing ends a session that is frozen between
+    transactions: the scheduler bounds its wait (``schedulers.TURN_PATIENCE``).
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries["try_advisory_lock"], [RECONCILE_LOCK])
+        mine = cursor.fetchone()[0]
+    try:
+        yield mine
+    finally:
+        if mine:
+            with connections[using].cursor() as cursor:
+                cursor.execute(queries["advisory_unlock"], [RECONCILE_LOCK])
+
+
+@contextmanager
+def beat_schedule_sync(using: str = "default") -> Iterator[None]:
+    """Run the body in one transaction that holds the beat_schedule sync lock.
+
+    ``pg_advisory_xact_lock`` makes replicas starting at once sync ``CELERY_BEAT_SCHEDULE`` one
+    after another: the first creates the periodic tasks and schedule rows, the others find them
+    and write nothing (django-celery-beat's schedule rows have no unique constraint, so without it
+    concurrent replicas create duplicates and then keep moving tasks between them). The lock ends
+    with the transaction (commit, rollback or a dead connection); the body should use a savepoint
+    (``transaction.atomic``) per entry so one bad entry does not roll back the others.
+    """
+    with transaction.atomic(using=using):
+        with connections[using].cursor() as cursor:
+            cursor.execute(queries["advisory_xact_lock"], [BEAT_SCHEDULE_LOCK])
+        yield

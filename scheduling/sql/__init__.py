@@ -1,0 +1,79 @@
+"""Every static SQL statement of the app, by name, from ``queries.sql`` beside this file.
+
+``queries["poll"]`` is the text of the block ``-- poll --``, ready for ``cursor.execute``. The
+file is read and the tables' names filled in on first use (Django must be set up then: the names
+are the models' ``db_table``), never at import. Statements whose text depends on the model's
+columns (the bulk writers) are composed with ``psycopg.sql`` in ``scheduling.sql.compose`` only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from functools import cache
+from pathlib import Path
+
+QUERIES_FILE = Path(__file__).with_name("queries.sql")
+
+#: Key of the transaction-level advisory lock that serializes CELERY_BEAT_SCHEDULE syncs.
+BEAT_SCHEDULE_LOCK = 0x5C4ED01E
+#: Key of the session-level advisory lock a replica holds while it reconciles (the turn).
+RECONCILE_LOCK = 0x5C4ED01F
+
+_BLOCK = re.compile(r"^-- (\w+) --$", re.MULTILINE)
+
+
+def parse(text: str) -> dict[str, str]:
+    """Return ``{name: statement}`` of a queries file: comment lines dropped, text stripped.
+
+    Raises ValueError for a name given twice.
+    """
+    names = _BLOCK.split(text)[1:]
+    blocks: dict[str, str] = {}
+    for name, body in zip(names[::2], names[1::2], strict=True):
+        if name in blocks:
+            raise ValueError(f"{QUERIES_FILE.name}: block {name!r} given twice")
+        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+        blocks[name] = "\n".join(lines).strip()
+    return blocks
+
+
+@cache
+def _load() -> dict[str, str]:
+    """Read ``queries.sql`` and fill in the tables' names and the fragments (once a process)."""
+    from django_celery_beat.models import PeriodicTask, PeriodicTasks
+
+    from scheduling.models import Replica, Run
+
+    names = {
+        "run": Run._meta.db_table,
+        "periodic_task": PeriodicTask._meta.db_table,
+        "change_marker": PeriodicTasks._meta.db_table,
+        "replica": Replica._meta.db_table,
+    }
+    blocks = parse(QUERIES_FILE.read_text())
+    fragments: dict[str, str] = {}
+    for name, text in blocks.items():  # a fragment may use the fragments given before it
+        if name.startswith("fragment_"):
+            fragments[name] = text.format(**names, **fragments)
+    return {
+        name: text.format(**names, **fragments)
+        for name, text in blocks.items()
+        if not name.startswith("fragment_")
+    }
+
+
+class _Queries(Mapping[str, str]):
+    """The named statements, loaded on first access (see the module docstring)."""
+
+    def __getitem__(self, name: str) -> str:
+        return _load()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_load())
+
+    def __len__(self) -> int:
+        return len(_load())
+
+
+queries = _Queries()
