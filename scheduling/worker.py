@@ -115,12 +115,12 @@ def _on_revoked(
         return
     if expired:
         closed = record(ledger.record_not_executed,
-            request.id, Run.Status.EXPIRED, "message expired before a worker took it"
+            request.id, Run.Status.EXPIRED, Run.Reason.MESSAGE_EXPIRED
         )
     else:
         error = "revoked (terminated)" if terminated else "revoked"
         closed = record(
-            ledger.record_not_executed, request.id, Run.Status.FAILED, "revoked", error
+            ledger.record_not_executed, request.id, Run.Status.FAILED, Run.Reason.REVOKED, error
         ) or (terminated and record(ledger.record_finished, request.id, Run.Status.FAILED, error))
     if closed:
         logger.warning(
@@ -145,7 +145,7 @@ def _on_unknown(sender: Any = None, message: Any = None, name: str = "", **_: An
     hostname = getattr(sender, "hostname", "") or ""
     error = f"unknown task name {name!r}: not registered on worker {hostname}"
     if record(
-        ledger.record_not_executed, task_id, Run.Status.FAILED, "unknown task on the worker", error
+        ledger.record_not_executed, task_id, Run.Status.FAILED, Run.Reason.UNKNOWN_TASK, error
     ):
         logger.error("run %s failed: %s", task_id, error, extra={"action": "unknown_task"})
 
@@ -158,6 +158,7 @@ def _on_rejected(sender: Any = None, message: Any = None, exc: Any = None, **_: 
     task_id, name = found
     error = f"message of task {name!r} rejected by the worker: {_short(exc) or 'unknown format'}"
     if record(
-        ledger.record_not_executed, task_id, Run.Status.FAILED, "rejected by the worker", error
+        ledger.record_not_executed, task_id, Run.Status.FAILED, Run.Reason.REJECTED_BY_WORKER,
+        error,
     ):
         logger.error("run %s failed: %s", task_id, error, extra={"action": "rejected"})
