@@ -195,7 +195,7 @@ class Conf:
 
     @property
     def prune_older_than(self) -> timedelta | None:
-        from scheduling.retention import parse_duration
+        from scheduling.durations import parse_duration
 
         value = self._get("PRUNE_OLDER_THAN")
         return None if value in (None, "") else parse_duration(value)
