@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, timedelta
+from datetime import UTC
 from typing import Any
 
 from django_celery_beat.models import PeriodicTask
@@ -83,7 +83,3 @@ def load_json(raw: str | None, label: str) -> Any:
         raise RunRejected(f"{label} must be a JSON {kind.__name__}, got {type(value).__name__}")
     return value
 
-
-def seconds(delta: timedelta | None) -> float | None:
-    """Return ``delta`` in seconds, or None."""
-    return None if delta is None else delta.total_seconds()

@@ -6,7 +6,7 @@ No transactions or locks here (``ledger`` owns those): plain reads, one query fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from cron_descriptor import (
     ExpressionDescriptor,
@@ -18,6 +18,7 @@ from cron_descriptor import (
 from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Subquery
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
+from scheduling.durations import seconds
 from scheduling.models import Run
 
 
@@ -75,7 +76,7 @@ def task_statuses() -> list[TaskStatus]:
             next_run=task.next_run,
             last_status=task.last_status,
             last_run=task.last_run,
-            lateness=_seconds(task.lateness),
+            lateness=seconds(task.lateness),
         )
         for task in tasks
     ]
@@ -128,6 +129,3 @@ def format_time(value: datetime | None) -> str:
     """``2026-01-05 10:00:00 UTC``, or "-" for None."""
     return "-" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
-
-def _seconds(value: timedelta | None) -> float | None:
-    return None if value is None else value.total_seconds()

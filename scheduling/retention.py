@@ -1,4 +1,4 @@
-"""How long finished runs are kept: durations, and the scheduler's optional built-in prune.
+"""How long finished runs are kept: the scheduler's optional built-in prune.
 
 The deleting itself is ``ledger.prune_plan`` / ``ledger.prune_batch``; ``manage.py
 scheduling_prune`` is the command. The built-in prune (``SCHEDULING_PRUNE_OLDER_THAN``, off by
@@ -9,39 +9,12 @@ idle tick, never inside a claim transaction.
 from __future__ import annotations
 
 import logging
-import re
 import time
-from datetime import timedelta
 
 from scheduling import ledger
 from scheduling.conf import conf
 
 logger = logging.getLogger(__name__)
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-
-
-def parse_duration(value: object) -> timedelta:
-    """Return a timedelta for ``"30d"``, ``"12h"``, ``"90m"``, ``"45s"``, ``"2w"``, a number of
-    seconds, or a timedelta.
-
-    Raises ValueError for anything else, or a negative duration.
-    """
-    if isinstance(value, timedelta):
-        result = value
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        result = timedelta(seconds=value)
-    else:
-        match = _DURATION.match(str(value))
-        if match is None:
-            raise ValueError(
-                f"not a duration: {value!r} (a number and a unit s, m, h, d or w: '30d', '12h')"
-            )
-        result = timedelta(seconds=float(match[1]) * _UNITS[match[2]])
-    if result < timedelta(0):
-        raise ValueError(f"a duration must not be negative: {value!r}")
-    return result
 
 
 class BuiltinPrune:
@@ -71,7 +44,7 @@ class BuiltinPrune:
                 self._plan = ledger.prune_plan(older_than, conf.prune_keep_last)
                 self._after = 0
             counts, after = ledger.prune_batch(self._plan, self._after, conf.prune_batch_size)
-        except Exception:  # noqa: BLE001 - pruning must never stop a replica
+        except Exception:  # pruning must never stop a replica
             logger.exception("built-in prune failed", extra={"action": "prune_failed"})
             self._plan = None
             return

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scheduling import ledger
 from scheduling.console import progress
-from scheduling.retention import parse_duration
+from scheduling.durations import parse_duration
 
 
 class Command(BaseCommand):
