@@ -20,6 +20,7 @@ from django_celery_beat.models import PeriodicTask
 
 from scheduling import slots
 from scheduling.conf import conf
+from scheduling.durations import seconds
 from scheduling.exceptions import PublishFailed, RunRejected, ScheduleError
 from scheduling.ledger.changes import note_unplanned
 from scheduling.ledger.compiled import ClaimedRun, CompiledClaim, due
@@ -180,7 +181,7 @@ def _dispatched(item: ClaimedRun) -> Dispatched:
         run_id=run.pk,
         periodic_task_name=run.periodic_task_name,
         status=run.status,
-        lateness=None if run.lateness is None else run.lateness.total_seconds(),
+        lateness=seconds(run.lateness),
         task_id=run.task_id,
         trigger=run.trigger,
         misfire=outcome,
