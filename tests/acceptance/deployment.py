@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import connection
 
 from scheduling.models import Run
-from scheduling.processes import Processes
+from tools.processes import Processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
