@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 
 from scheduling import ledger, slots
 from scheduling.messages import Message
@@ -57,18 +57,20 @@ def make_due(task) -> Run:
 def claim_in_flight(replica_id: str = "slow", pause: float = 1.5) -> Iterator[Recorder]:
     """Run a claim in another thread (its own connection) that holds its transaction ``pause`` s.
 
-    Yields the claim's Recorder once it has published (the claim is then open, its rows locked);
-    on exit waits for the claim to end. ``recorder.outcome`` is then what the claim returned, or
-    the exception it raised.
+    The claim runs inside an outer transaction, which sleeps ``pause`` s after the claim returned
+    (published, ledger written) before it commits. Yields the claim's Recorder once it has
+    published (the claim is then open, its rows locked); on exit waits for the claim to end.
+    ``recorder.outcome`` is then what the claim returned, or the exception it raised.
     """
     recorder = Recorder()
 
     def replica() -> None:
         try:
-            recorder.outcome = ledger.claim_and_dispatch(  # type: ignore[attr-defined]
-                recorder, replica_id=replica_id, batch_size=10, grace=GRACE,
-                pause_after_publish=pause,
-            )
+            with transaction.atomic():
+                recorder.outcome = ledger.claim_and_dispatch(  # type: ignore[attr-defined]
+                    recorder, replica_id=replica_id, batch_size=10, grace=GRACE
+                )
+                time.sleep(pause)
         except Exception as exc:  # noqa: BLE001 - the test looks at it
             recorder.outcome = exc  # type: ignore[attr-defined]
         finally:
