@@ -103,9 +103,6 @@ DEFAULTS: dict[str, _Setting] = {
     "PRUNE_BATCH_SIZE": _Setting(
         500, "Most runs one built-in prune transaction deletes (one batch per idle tick)."
     ),
-    "TEST_PAUSE_AFTER_PUBLISH": _Setting(
-        0.0, "Test hook: seconds to sleep after publishing, before the claim commits."
-    ),
 }
 
 
@@ -211,10 +208,6 @@ class Conf:
     @property
     def prune_batch_size(self) -> int:
         return int(self._get("PRUNE_BATCH_SIZE"))  # type: ignore[call-overload]
-
-    @property
-    def test_pause_after_publish(self) -> float:
-        return float(self._get("TEST_PAUSE_AFTER_PUBLISH"))  # type: ignore[arg-type]
 
 
 conf = Conf()
