@@ -463,8 +463,8 @@ def _lateness_rows(
 def failover(bench: Bench) -> list[Row]:
     """SIGKILL the replica that holds a claim (published, not committed); time the takeover.
 
-    Every replica pauses 1.5 s between publishing and committing (the test hook
-    SCHEDULING_TEST_PAUSE_AFTER_PUBLISH), so the one holding the claim is known from its log;
+    Every replica pauses 1.5 s between publishing and committing (the tests' pausing replica,
+    ``tests.acceptance.pausing``), so the one holding the claim is known from its log;
     the figure is from the kill to the moment another replica published the run again.
     """
     trials = bench.sizes.failover_trials
@@ -472,12 +472,12 @@ def failover(bench: Bench) -> list[Row]:
         pk=data.interval_tasks("failover", 0, 1, timedelta(days=1))[0]
     )
     data.plan()
-    deployment = bench.deployment("failover", SCHEDULING_TEST_PAUSE_AFTER_PUBLISH="1.5")
+    deployment = bench.deployment("failover")
     live = [f"replica-{i}" for i in range(1, 4)]
     times: list[float] = []
     try:
         for name in live:
-            deployment.start_beat(name)
+            deployment.start_beat(name, pause_after_publish=1.5)
         _ready(deployment, *live)
         for trial in range(trials):
             run = ledger.request_run(task, requested_by="bench")
@@ -494,7 +494,7 @@ def failover(bench: Bench) -> list[Row]:
                 raise RuntimeError(f"failover trial {trial}: not taken over ({done})")
             times.append((done[0] - killed_at).total_seconds())
             replacement = f"replica-{4 + trial}"
-            deployment.start_beat(replacement)
+            deployment.start_beat(replacement, pause_after_publish=1.5)
             live.append(replacement)
             _ready(deployment, replacement)
     finally:

@@ -99,10 +99,6 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / ".data" / "static"
 
-# Test hook of the acceptance suite (a pause after publishing, before the claim commits).
-SCHEDULING_TEST_PAUSE_AFTER_PUBLISH = float(
-    os.environ.get("SCHEDULING_TEST_PAUSE_AFTER_PUBLISH", 0)
-)
 # Bounds the chaos tool and the acceptance tests shorten (seconds; scheduling.conf has defaults).
 for _name in ("IDLE_IN_TRANSACTION_TIMEOUT", "RECONCILE_INTERVAL", "WORKER_LOST_AFTER"):
     if os.environ.get(f"SCHEDULING_{_name}"):

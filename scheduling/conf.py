@@ -146,9 +146,6 @@ class Conf:
     prune_batch_size = Setting(500, int, (
         "Most runs one built-in prune transaction deletes (one batch per idle tick)."
     ))
-    test_pause_after_publish = Setting(0.0, float, (
-        "Test hook: seconds to sleep after publishing, before the claim commits."
-    ))
 
 
 #: Every setting by its name without the prefix (``"BATCH_SIZE"``), in declaration order.

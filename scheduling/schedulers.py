@@ -153,21 +153,29 @@ class LedgerScheduler(DatabaseScheduler):
                 self._prune.step()  # one small batch when configured and due, outside any claim
             return min(self.max_interval, wait if wait is not None else self.max_interval)
         self._connected_producer()  # reach the broker before taking any lock
-        batch = conf.batch_size
         with _stop_signals_deferred(), self._publish_batch() as buffered:
             started = time.monotonic()
-            dispatched = ledger.claim_and_dispatch(
-                self._publish,
-                replica_id=self.replica_id,
-                batch_size=batch,
-                grace=grace,
-                flush=buffered.flush,
-            )
+            dispatched = self._claim(grace, buffered.flush)
         self.heartbeat.claimed(len(dispatched))
         metrics.observe_claim(dispatched, self.replica_id, time.monotonic() - started)
         # More may be due (a full batch) or planned already due (a catching-up interval): look
         # again at once. Runs locked by other replicas are theirs; come back after a short nap.
         return 0.0 if dispatched else min(self.max_interval, 0.05)
+
+    def _claim(self, grace: timedelta, flush: Callable[[], None]) -> list[ledger.Dispatched]:
+        """Claim due runs, publish them, commit: one ``ledger.claim_and_dispatch`` transaction.
+
+        ``flush`` sends what the publish batch holds (``_publish_batch``). Returns what was
+        committed, empty when nothing was due or every due run is claimed by another replica.
+        Called with the stop signals held and the publish batch open.
+        """
+        return ledger.claim_and_dispatch(
+            self._publish,
+            replica_id=self.replica_id,
+            batch_size=conf.batch_size,
+            grace=grace,
+            flush=flush,
+        )
 
     def _take_turn(self, poll: ledger.Poll, grace: timedelta) -> bool:
         """Reconcile when it is this replica's turn; return whether it did.

@@ -10,6 +10,7 @@ per execution to a file: the count of executions comes from the worker, not the 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -19,9 +20,11 @@ from django.conf import settings
 from django.db import connection
 
 from scheduling.models import Run
-from scheduling.processes import Processes
+from tests.acceptance.pausing import PAUSE_VARIABLE
+from tools.processes import Processes
 
 ROOT = Path(__file__).resolve().parents[2]
+PAUSING_SCHEDULER = "tests.acceptance.pausing:PausingScheduler"
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.05):
@@ -76,6 +79,21 @@ class Deployment(Processes):
             },
         )
         self.env["CELERY_TASK_DEFAULT_QUEUE"] = self.queue
+
+    def start_beat(
+        self, name: str, *, pause_after_publish: float = 0.0, **env: str
+    ) -> subprocess.Popen[bytes]:
+        """Start a beat replica ``name``; with ``pause_after_publish`` (seconds), a pausing one.
+
+        A pausing replica (``tests.acceptance.pausing``, importable from ROOT, the replicas'
+        working directory) logs "test pause: published <task ids>" after publishing a claim's
+        runs and stays inside the claim transaction that long before committing.
+        """
+        if not pause_after_publish:
+            return super().start_beat(name, **env)
+        return super().start_beat(
+            name, scheduler=PAUSING_SCHEDULER, **{PAUSE_VARIABLE: str(pause_after_publish), **env}
+        )
 
     def publish_copy(self, run: object) -> None:
         """Publish the scheduler's message of ``run`` again, as a re-publishing replica would."""

@@ -12,8 +12,8 @@ import time
 import pytest
 from django.conf import settings
 
-from scheduling import chaos
 from tests.acceptance import deployment
+from tools import chaos
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 

@@ -41,7 +41,7 @@ def test_a_replica_frozen_mid_claim_is_bounded_by_the_server(tmp_path, make_task
     deployment = Deployment(tmp_path, SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT=str(IDLE_TIMEOUT))
     rescuers = ("rescuer-1", "rescuer-2")
     try:
-        deployment.start_beat("frozen", SCHEDULING_TEST_PAUSE_AFTER_PUBLISH="2")
+        deployment.start_beat("frozen", pause_after_publish=2)
         for name in rescuers:
             deployment.start_beat(name)
         deployment.wait_ready()

@@ -106,7 +106,7 @@ def test_replica_killed_between_publish_and_commit_is_replaced_within_2s(
 ):
     """Invariant 2 / acceptance 4: the orphaned claim is re-published, same task id, within 2 s."""
     task = make_task(clocked=ledger.database_now() + timedelta(seconds=3), name="failover")
-    deployment.start_beat("paused", SCHEDULING_TEST_PAUSE_AFTER_PUBLISH="120")
+    deployment.start_beat("paused", pause_after_publish=120)
     deployment.wait_for_log("paused", "test pause: published", timeout=60)
     published = _published_ids(deployment, "paused")
     run = Run.objects.get(periodic_task=task)
@@ -134,7 +134,7 @@ def test_c03_clocked_one_off_survives_kill_at_slot_and_restart(deployment: Deplo
     """C03: the only replica dies mid-claim 0.2 s after the slot, restarts 5 s after it."""
     slot = (ledger.database_now() + timedelta(seconds=4)).replace(microsecond=0)
     task = make_task(clocked=slot, name="c03")
-    deployment.start_beat("only", SCHEDULING_TEST_PAUSE_AFTER_PUBLISH="120")
+    deployment.start_beat("only", pause_after_publish=120)
     deployment.wait_for_log("only", "test pause: published", timeout=60)
     wait_until(lambda: ledger.database_now() >= slot + timedelta(seconds=0.2), timeout=30)
     deployment.kill("only")
@@ -161,7 +161,7 @@ def test_sigterm_during_a_claim_waits_for_its_commit(deployment: Deployment, mak
     import signal
 
     task = make_task(clocked=ledger.database_now() + timedelta(seconds=2), name="graceful")
-    deployment.start_beat("stopping", SCHEDULING_TEST_PAUSE_AFTER_PUBLISH="3")
+    deployment.start_beat("stopping", pause_after_publish=3)
     deployment.wait_for_log("stopping", "test pause: published", timeout=60)
     deployment.kill("stopping", signal.SIGTERM)
     assert deployment.processes["stopping"].returncode is not None

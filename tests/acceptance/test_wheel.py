@@ -1,7 +1,8 @@
 """Issue 7, acceptance 5: the wheel of ``scheduling`` works in someone else's Django project.
 
 Build the wheel from a copy of the source tree (so the checkout gets no build/ or egg-info),
-check it holds the app only (with its migrations and templates), install it with its
+check it holds the app only (with its migrations and templates, without the development tools
+of tools/ or anything of project/, tests/ or bench/), install it with its
 dependencies into a fresh virtualenv, generate a minimal project there with ``django-admin
 startproject`` plus the README's settings, point it at a database of its own created on this
 test's PostgreSQL server, then ``migrate`` and ``check`` must exit 0.
@@ -39,6 +40,7 @@ CELERY_TASK_ANNOTATIONS = ["scheduling.guard:GuardAnnotation"]
 #: Environment variables of this test run that must not reach the fresh project (its settings
 #: module, our database and broker, this virtualenv).
 _NOT_PASSED = ("DJANGO_", "DATABASE_URL", "CELERY_", "SCHEDULING_", "VIRTUAL_ENV", "PYTHONPATH")
+PIP = (sys.executable, "-m", "pip", "--disable-pip-version-check")
 
 
 def _run(*args: str | Path, cwd: Path, timeout: float = 300) -> str:
@@ -76,19 +78,31 @@ def database() -> Iterator[dict[str, object]]:
         admin.close()
 
 
-def test_wheel_installs_into_a_fresh_project_migrates_and_checks(tmp_path, database):
-    source = tmp_path / "source"
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """Build the wheel from a copy of the source tree (untracked files too); return its path."""
+    folder = tmp_path_factory.mktemp("wheel")
+    source = folder / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", ".data", "build", "*.egg-info", "__pycache__", "*.whl",
     ))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    _run(*pip, "wheel", "--no-deps", "--quiet", "--wheel-dir", tmp_path / "dist", "./source",
-         cwd=tmp_path)
-    [wheel] = (tmp_path / "dist").glob("*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert {name.split("/")[0] for name in names} == {
-        "scheduling", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"
-    }
+    _run(*PIP, "wheel", "--no-deps", "--quiet", "--wheel-dir", folder / "dist", "./source",
+         cwd=folder)
+    [built] = (folder / "dist").glob("*.whl")
+    return built
+
+
+def test_wheel_holds_the_app_only(wheel):
+    """Every migration, template and command of the app; no development tool, nothing else.
+
+    The chaos tool and its process helpers (tools/) default to the example project's settings
+    and task, which the wheel does not ship: neither they nor project/, tests/ or bench/ are in it.
+    """
+    names = set(zipfile.ZipFile(wheel).namelist())
+    dist_info = f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"
+    # no project/, tools/, tests/ or bench/ entry
+    assert {name.split("/")[0] for name in names} == {"scheduling", dist_info}
+    assert names & {"scheduling/chaos.py", "scheduling/processes.py"} == set()
     shipped = {  # every migration, template and static file of the source tree
         path.relative_to(ROOT).as_posix()
         for folder in ("migrations", "templates", "static", "management")
@@ -97,12 +111,14 @@ def test_wheel_installs_into_a_fresh_project_migrates_and_checks(tmp_path, datab
     }
     assert "scheduling/migrations/0001_initial.py" in shipped
     assert "scheduling/templates/admin/scheduling/backfill.html" in shipped
-    assert shipped - set(names) == set()
+    assert shipped - names == set()
 
+
+def test_wheel_installs_into_a_fresh_project_migrates_and_checks(tmp_path, wheel, database):
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     python = venv / "bin" / "python"
-    _run(*pip, "--python", python, "install", "--quiet", wheel, cwd=tmp_path)
+    _run(*PIP, "--python", python, "install", "--quiet", wheel, cwd=tmp_path)
 
     site = tmp_path / "site"
     site.mkdir()

@@ -6,15 +6,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
-from django.db import connections
-from django_celery_beat.models import PeriodicTask
+from django.db import connections, transaction
 
 from scheduling import ledger, slots
 from scheduling.messages import Message
-from scheduling.models import Run, TaskPolicy
+from scheduling.models import Run
 
 GRACE = timedelta(seconds=60)
 
@@ -58,19 +57,20 @@ def make_due(task) -> Run:
 def claim_in_flight(replica_id: str = "slow", pause: float = 1.5) -> Iterator[Recorder]:
     """Run a claim in another thread (its own connection) that holds its transaction ``pause`` s.
 
-    Yields the claim's Recorder once it has published (the claim is then open, its rows locked);
-    on exit waits for the claim to end. ``recorder.outcome`` is then what the claim returned, or
-    the exception it raised.
+    The claim runs inside an outer transaction, which sleeps ``pause`` s after the claim returned
+    (published, ledger written) before it commits. Yields the claim's Recorder once it has
+    published (the claim is then open, its rows locked); on exit waits for the claim to end.
+    ``recorder.outcome`` is then what the claim returned, or the exception it raised.
     """
     recorder = Recorder()
 
     def replica() -> None:
         try:
-            # flush() runs after the last publish, inside the claim: the claim stays open there
-            recorder.outcome = ledger.claim_and_dispatch(  # type: ignore[attr-defined]
-                recorder, replica_id=replica_id, batch_size=10, grace=GRACE,
-                flush=lambda: time.sleep(pause),
-            )
+            with transaction.atomic():
+                recorder.outcome = ledger.claim_and_dispatch(  # type: ignore[attr-defined]
+                    recorder, replica_id=replica_id, batch_size=10, grace=GRACE
+                )
+                time.sleep(pause)
         except Exception as exc:  # noqa: BLE001 - the test looks at it
             recorder.outcome = exc  # type: ignore[attr-defined]
         finally:
@@ -85,20 +85,3 @@ def claim_in_flight(replica_id: str = "slow", pause: float = 1.5) -> Iterator[Re
         yield recorder
     finally:
         thread.join(timeout=30)
-
-
-def late_task(make_task, policy: str | None, *, grace: int | None = 5, limit: int = 100,
-               late_by: float = 67.0, every: int = 10) -> tuple[PeriodicTask, datetime]:
-    """An interval task (every 10 s) whose pending run is its start_time, ``late_by`` s ago."""
-    first = ledger.database_now() - timedelta(seconds=late_by)
-    task = make_task(every=every, start_time=first)
-    if policy is not None:
-        TaskPolicy.objects.create(
-            periodic_task=task, misfire_policy=policy, misfire_grace_seconds=grace,
-            catch_up_limit=limit,
-        )
-    ledger.reconcile(GRACE)
-    Run.objects.pending().filter(periodic_task=task).update(
-        scheduled_for=first, task_id=slots.task_id_for(task.pk, first)
-    )
-    return task, first

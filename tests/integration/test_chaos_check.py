@@ -6,8 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from scheduling import chaos, slots
+from scheduling import slots
 from scheduling.models import Run
+from tools import chaos
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

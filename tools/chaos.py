@@ -1,13 +1,13 @@
 """Chaos run: real replicas and workers killed, frozen and cut off at random; every slot checked.
 
-    python -m scheduling.chaos --minutes 10 [--replicas 5] [--workers 2] [--tasks 200] [--seed N]
+    python -m tools.chaos --minutes 10 [--replicas 5] [--workers 2] [--tasks 200] [--seed N]
 
 It uses the database and broker of the Django settings (``DJANGO_SETTINGS_MODULE``, default
 ``project.settings``: ``DATABASE_URL`` and ``CELERY_BROKER_URL``, as ``manage.py`` does), on a
 queue of its own, and:
 
 1. starts ``--replicas`` ``celery beat`` replicas with ``LedgerScheduler`` and ``--workers``
-   workers (``scheduling.processes``);
+   workers (``tools.processes``);
 2. creates ``--tasks`` periodic tasks named ``chaos-<id> ...`` running ``--task`` (default
    ``project.tasks.record``, which appends one JSON line per execution to the file named by
    ``SCHEDULING_EXECUTION_LOG``): 80 % every ``--every`` seconds (10), 10 % ``* * * * *``,
@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from scheduling.processes import Processes
+    from tools.processes import Processes
 
 #: Bounds the tool gives its replicas unless the environment sets them (seconds).
 ENV_DEFAULTS = {
@@ -159,7 +159,7 @@ class Planted:
 def run(options: Options, say: Callable[[str], None] = print) -> Report:
     """Run the chaos (Django must be set up); return the report. Children get ``options.env``."""
     from scheduling import ledger
-    from scheduling.processes import Processes
+    from tools.processes import Processes
 
     rng = random.Random(options.seed)
     ident = f"chaos-{uuid.uuid4().hex[:8]}"
@@ -498,7 +498,7 @@ def _clean(ident: str, runs: bool = True) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run, print the table; 0 when every slot is accounted for."""
-    parser = argparse.ArgumentParser(prog="python -m scheduling.chaos", description=__doc__.split(
+    parser = argparse.ArgumentParser(prog="python -m tools.chaos", description=__doc__.split(
         "\n")[0])
     window = parser.add_mutually_exclusive_group()
     window.add_argument("--minutes", type=float, help="length of the fault window (default 10)")

@@ -20,6 +20,8 @@ from pathlib import Path
 
 #: The line ``celery beat`` and ``celery worker`` log when they are up.
 READY = {"beat": "beat: Starting...", "worker": "ready."}
+#: The scheduler class of every beat replica unless ``start_beat`` is given another.
+LEDGER_SCHEDULER = "scheduling.schedulers:LedgerScheduler"
 
 
 class Processes:
@@ -75,12 +77,14 @@ class Processes:
         self.paused.discard(name)
         return process
 
-    def start_beat(self, name: str, **env: str) -> subprocess.Popen[bytes]:
-        """Start a beat replica whose replica id is ``name``."""
+    def start_beat(
+        self, name: str, *, scheduler: str = LEDGER_SCHEDULER, **env: str
+    ) -> subprocess.Popen[bytes]:
+        """Start a beat replica whose replica id is ``name``, running ``scheduler`` (``-S``)."""
         self.kinds[name] = "beat"
         return self._start(
             name,
-            ["beat", "-l", "info", "--pidfile=", "-S", "scheduling.schedulers:LedgerScheduler"],
+            ["beat", "-l", "info", "--pidfile=", "-S", scheduler],
             {"SCHEDULING_REPLICA_ID": name, **env},
         )
 
