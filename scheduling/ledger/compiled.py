@@ -29,12 +29,12 @@ from django.db.models import (
 )
 from django.db.models.expressions import RawSQL
 from django.db.models.query import get_related_populators
-from psycopg import sql
 
 from scheduling.clock import ClockTimestamp, StatementTimestamp
 from scheduling.conf import conf
 from scheduling.ledger.planning import SCHEDULE_RELATED
 from scheduling.models import Run, TaskPolicy
+from scheduling.sql import compose
 
 if TYPE_CHECKING:
     from scheduling.ledger.policy import MisfireDecision
@@ -76,7 +76,7 @@ def due(using: str = "default") -> QuerySet[Run]:
 
 def literal(value: str) -> RawSQL:
     """``value`` written into the SQL as a quoted literal (psycopg's quoting), not a parameter."""
-    return RawSQL(sql.Literal(str(value)).as_string(), (), output_field=TextField())
+    return RawSQL(compose.literal(value), (), output_field=TextField())
 
 
 class CompiledClaim:

@@ -90,6 +90,11 @@ def update_runs(names: tuple[str, ...], connection: BaseDatabaseWrapper) -> tupl
     return _text(statement, connection), fields
 
 
+def literal(value: str) -> str:
+    """``value`` as a quoted SQL literal (psycopg's quoting), to write into a statement."""
+    return sql.Literal(str(value)).as_string()
+
+
 def _text(statement: sql.Composable, connection: BaseDatabaseWrapper) -> str:
     connection.ensure_connection()
     return statement.as_string(connection.connection)
