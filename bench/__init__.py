@@ -1,1 +1,1 @@
-"""Benchmarks: python -m bench [--quick] (README.md, docs/benchmarks.md)."""
+"""Benchmarks: python -m bench [--quick] (docs/benchmarking.md, docs/benchmarks.md)."""
