@@ -58,6 +58,13 @@ def _metrics_port(value: object) -> int | None:
     return int(configured) if configured else None  # type: ignore[call-overload]
 
 
+def _worker_lost_policy(value: object) -> str:
+    policy = str(value)
+    if policy not in ("fail", "recover"):
+        raise ValueError(f"SCHEDULING_WORKER_LOST_POLICY must be 'fail' or 'recover', not {value!r}")
+    return policy
+
+
 def _optional_duration(value: object) -> timedelta | None:
     return None if value in (None, "") else parse_duration(value)
 
@@ -104,7 +111,24 @@ class Conf:
     tcp_keepalives_idle = Setting(5, int, "Server-side TCP keepalive idle time, seconds.")
     worker_lost_after = Setting(60.0, float, (
         "Seconds a running run's execution lock must stay free (its worker died) before the "
-        "reconcile pass closes it as failed, 'worker lost', unless a redelivery runs it again."
+        "reconcile pass acts on it by the worker-loss policy: closed as failed, 'worker lost', or "
+        "re-published."
+    ))
+    worker_lost_policy = Setting("fail", _worker_lost_policy, (
+        "What happens to a run whose worker died mid-body: 'fail' (closed 'worker lost'; a "
+        "redelivery does not run it again) or 'recover' (run again: re-published, or its "
+        "redelivery runs). Per task: TaskPolicy.worker_lost_policy. A run whose body never "
+        "started is always delivered again."
+    ))
+    delivery_timeout = Setting(300.0, float, (
+        "Delivery deadline, in seconds: a dispatched run that no worker started within it is "
+        "re-published with the same task id by a reconcile pass, at most once per deadline. Set "
+        "it above the longest time a message may wait in the queue. Per task: "
+        "TaskPolicy.delivery_timeout_seconds."
+    ))
+    republish_limit = Setting(3, int, (
+        "Most re-publishes of one run (delivery deadline or worker-loss recovery); past it the run "
+        "is closed as failed, 'not delivered' (or 'worker lost')."
     ))
     retry_backoff_max = Setting(3.0, float, (
         "Longest wait between two attempts while the database or the broker is unreachable, in "

@@ -10,11 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.db import connection
 from django.db.models import Count, Min, Q
 
 from scheduling.clock import ClockTimestamp
+from scheduling.conf import conf
 from scheduling.models import Replica, Run
 from scheduling.replicas import with_state
+from scheduling.sql import queries
+
+
+#: How far back the probe's line counts runs closed without executing.
+CLOSED_WINDOW = timedelta(hours=24)
 
 
 @dataclass(frozen=True)
@@ -28,9 +35,11 @@ class Verdict:
 def check(max_tick_age: float, max_overdue: float, host: str | None = None) -> Verdict:
     """Judge the deployment (or the replicas on ``host`` only); ages and thresholds in seconds.
 
-    Unhealthy when no replica that is not stopped ticked within ``max_tick_age`` seconds, or when
+    Unhealthy when no replica that is not stopped ticked within ``max_tick_age`` seconds, when
     a run is still pending more than ``max_overdue`` seconds after its ``scheduled_for`` (nobody
-    claimed it, or every claim of it rolled back or hangs). Every reason found goes on the one
+    claimed it, or every claim of it rolled back or hangs), or when a dispatched run no worker
+    started is past its delivery deadline plus a reconcile interval (nothing re-published it).
+    A healthy line also counts the runs closed "not delivered" or "worker lost" in the last 24 h. Every reason found goes on the one
     line, separated by ``; ``. Raises django.db.DatabaseError when the database cannot be read.
     """
     replicas = Replica.objects.all() if host is None else Replica.objects.filter(host=host)
@@ -64,11 +73,53 @@ def check(max_tick_age: float, max_overdue: float, host: str | None = None) -> V
             f"{runs} pending more than {max_overdue:g} s past the slot (oldest: {oldest[0]!r} "
             f"scheduled for {oldest[1].isoformat(timespec='milliseconds')})"
         )
+    undelivered = _undelivered()
+    if undelivered:
+        runs = "1 run" if undelivered == 1 else f"{undelivered} runs"
+        reasons.append(
+            f"{runs} dispatched and not started past the delivery deadline and a reconcile pass "
+            "(nothing re-published them)"
+        )
     if reasons:
         return Verdict(False, "unhealthy: " + "; ".join(reasons))
     live = "1 replica" if seen["recent"] == 1 else f"{seen['recent']} replicas"
     return Verdict(
         True,
         f"ok: {live}{where} ticked within {max_tick_age:g} s; "
-        f"no run pending more than {max_overdue:g} s past the slot",
+        f"no run pending more than {max_overdue:g} s past the slot{_closed_lately()}",
     )
+
+
+def _undelivered() -> int:
+    """Dispatched runs no worker started past their delivery deadline plus a reconcile interval.
+
+    The reconcile pass re-publishes a run at its deadline (``ledger.redeliver``); one still
+    waiting a pass later means no replica is doing it.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries["undelivered_count"],
+            {"timeout": conf.delivery_timeout, "grace": conf.reconcile_interval},
+        )
+        return int(cursor.fetchone()[0])
+
+
+def _closed_lately() -> str:
+    """``; N runs closed "not delivered" and M "worker lost" in the last 24 h``, or ""."""
+    counts = Run.objects.filter(
+        status=Run.Status.FAILED,
+        reason__in=(Run.Reason.NOT_DELIVERED, Run.Reason.WORKER_LOST),
+        finished_at__gte=ClockTimestamp() - CLOSED_WINDOW,
+    ).aggregate(
+        not_delivered=Count("pk", filter=Q(reason=Run.Reason.NOT_DELIVERED)),
+        worker_lost=Count("pk", filter=Q(reason=Run.Reason.WORKER_LOST)),
+    )
+    parts = [
+        f'{n} {"run" if n == 1 else "runs"} closed "{reason}"'
+        for reason, n in (
+            (Run.Reason.NOT_DELIVERED, counts["not_delivered"]),
+            (Run.Reason.WORKER_LOST, counts["worker_lost"]),
+        )
+        if n
+    ]
+    return f"; {' and '.join(parts)} in the last 24 h" if parts else ""

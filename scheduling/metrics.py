@@ -14,6 +14,11 @@ for the guard, ``worker`` (the Celery worker's node name):
 - ``scheduling_runs_skipped_total{task, replica}``: runs recorded skipped by the overlap policy;
 - ``scheduling_duplicates_suppressed_total{task, worker}``: duplicate deliveries the worker guard
   dropped (``scheduling.guard``);
+- ``scheduling_runs_republished_total{task, replica, cause}``: runs a replica published again
+  with their task id: ``deadline`` (no worker started it within the delivery deadline) or
+  ``recover`` (its worker died mid-body, worker-loss policy recover);
+- ``scheduling_runs_not_executed_total{task, replica, reason}``: runs a replica closed without
+  them executing to the end: ``not delivered``, ``worker lost``, ``rejected before dispatch``;
 - ``scheduling_claim_seconds{replica}``: histogram of the claim transaction's duration (lock,
   publish, mark dispatched, plan the next, commit), empty claims included.
 
@@ -35,7 +40,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, s
 from scheduling.conf import conf
 
 if TYPE_CHECKING:
-    from scheduling.ledger import Dispatched
+    from scheduling.ledger import Dispatched, Redelivered
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +69,16 @@ DUPLICATES_SUPPRESSED = Counter(
     "scheduling_duplicates_suppressed",
     "Duplicate deliveries of a run dropped by the worker guard without running the body.",
     ["task", "worker"],
+)
+RUNS_REPUBLISHED = Counter(
+    "scheduling_runs_republished",
+    "Runs this replica published again with their task id, by cause (deadline, recover).",
+    ["task", "replica", "cause"],
+)
+RUNS_NOT_EXECUTED = Counter(
+    "scheduling_runs_not_executed",
+    "Runs this replica closed without them executing to the end, by reason.",
+    ["task", "replica", "reason"],
 )
 CLAIM_SECONDS = Histogram(
     "scheduling_claim_seconds", "Duration of one claim transaction, seconds.", ["replica"],
@@ -100,6 +115,29 @@ def _observe_claim(dispatched: Iterable[Dispatched], replica: str, seconds: floa
             RUNS_SKIPPED.labels(task, replica).inc()
         if item.misfire:
             MISFIRED_SLOTS.labels(task, replica, item.misfire).inc(item.misfired_slots)
+
+
+def observe_redelivery(done: Redelivered, replica: str) -> None:
+    """Count what one redelivery pass did (``ledger.redeliver``'s result)."""
+    try:
+        for cause, task_ids in (("deadline", done.republished), ("recover", done.recovered)):
+            for task_id in task_ids:
+                RUNS_REPUBLISHED.labels(_task(done.names[task_id]), replica, cause).inc()
+        for task_id in done.closed:
+            RUNS_NOT_EXECUTED.labels(
+                _task(done.names[task_id]), replica, done.reasons[task_id]
+            ).inc()
+    except Exception:  # noqa: BLE001 - metrics must never stop a replica
+        logger.exception("cannot record metrics", extra={"action": "metrics_failed"})
+
+
+def observe_worker_lost(names: Iterable[str], replica: str) -> None:
+    """Count runs the lost-worker sweep closed as "worker lost" (their periodic tasks' names)."""
+    try:
+        for name in names:
+            RUNS_NOT_EXECUTED.labels(_task(name), replica, "worker lost").inc()
+    except Exception:  # noqa: BLE001 - metrics must never stop a replica
+        logger.exception("cannot record metrics", extra={"action": "metrics_failed"})
 
 
 def observe_suppressed(periodic_task_name: str, worker: str) -> None:

@@ -26,6 +26,10 @@ class TaskPolicy(models.Model):
         ALLOW = "allow", "allow: runs may overlap"
         SKIP = "skip", "skip: no new run while the previous one is unfinished"
 
+    class WorkerLost(models.TextChoices):
+        FAIL = "fail", "fail: close the run as worker lost"
+        RECOVER = "recover", "recover: run it again (the task is safe to re-run after a crash)"
+
     periodic_task = models.OneToOneField(
         PeriodicTask,
         on_delete=models.CASCADE,
@@ -49,6 +53,20 @@ class TaskPolicy(models.Model):
         blank=True,
         help_text="An unfinished run older than this no longer blocks (overlap skip). "
         "Empty: the global setting.",
+    )
+
+    worker_lost_policy = models.CharField(
+        max_length=16,
+        choices=WorkerLost.choices,
+        blank=True,
+        help_text="A run whose worker died mid-body. Empty: the global setting "
+        "(SCHEDULING_WORKER_LOST_POLICY).",
+    )
+    delivery_timeout_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="A dispatched run no worker started within this is re-published (same task "
+        "id). Empty: the global setting (SCHEDULING_DELIVERY_TIMEOUT).",
     )
 
     class Meta:
@@ -170,6 +188,12 @@ class Run(models.Model):
         #: Such a run when its attempt's outcome arrived after all (the process lived on).
         LATE_OUTCOME = "outcome recorded after the run was closed as worker lost"
         OVERLAP_IN_BATCH = "overlap: an earlier run of this task was dispatched in the same batch"
+        #: A dispatched run no worker started, re-published the most times allowed.
+        NOT_DELIVERED = "not delivered"
+        #: A run closed as not delivered whose message reached a worker after all.
+        LATE_DELIVERY = "delivered after it was closed as not delivered"
+        #: A run whose worker died mid-body, re-published under worker-loss policy recover.
+        RECOVERED = "recovered: re-published after its worker was lost"
         MESSAGE_EXPIRED = "message expired before a worker took it"
         REVOKED = "revoked"
         UNKNOWN_TASK = "unknown task on the worker"
@@ -197,6 +221,14 @@ class Run(models.Model):
         def overlap(since: datetime) -> str:
             """A run skipped because the run dispatched at ``since`` is not finished."""
             return f"overlap: the run dispatched at {since.isoformat()} is not finished"
+
+        @staticmethod
+        def republished(times: int, limit: int, timeout: timedelta) -> str:
+            """A dispatched run re-published because no worker started it within ``timeout``."""
+            return (
+                f"re-published ({times} of {limit}): no worker started it within"
+                f" {timeout.total_seconds():g} s"
+            )
 
         @staticmethod
         def celery_retry(retries: int) -> str:
@@ -253,6 +285,13 @@ class Run(models.Model):
     suppressed = models.PositiveIntegerField(
         default=0, help_text="Duplicate deliveries of this run dropped without running the body."
     )
+    republished = models.PositiveIntegerField(
+        default=0,
+        help_text="Times a replica re-published this run's message with the same task id (no "
+        "worker started it within the delivery deadline, or its worker was lost and the task "
+        "recovers).",
+    )
+    republished_at = models.DateTimeField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -301,6 +340,12 @@ class Run(models.Model):
             ),
             models.Index(fields=["periodic_task", "-scheduled_for"], name="scheduling_run_recent"),
             models.Index(fields=["task_id"], name="scheduling_run_task_id"),
+            # "Dispatched runs no worker started": the delivery deadline's pass reads them.
+            models.Index(
+                fields=["dispatched_at"],
+                condition=Q(status="dispatched"),
+                name="scheduling_run_undelivered",
+            ),
             # "Is a run of this task still going?" (overlap policy, in the claim query).
             models.Index(
                 fields=["periodic_task", "-dispatched_at"],

@@ -222,12 +222,37 @@ class LedgerScheduler(DatabaseScheduler):
             started - self._last_full_reconcile >= conf.full_reconcile_interval
         )
         planned = ledger.reconcile(grace, full=full, lost=self._lost)
+        metrics.observe_worker_lost([name for _, name in self._lost.closed], self.replica_id)
+        self._redeliver()
         if full:
             self._last_full_reconcile = started
             logger.info(
                 "full reconcile: planned %d runs in %.3f s", planned, time.monotonic() - started,
                 extra={"action": "reconcile", "replica": self.replica_id},
             )
+
+    def _redeliver(self) -> None:
+        """Publish again the dispatched runs no worker started, and the lost runs to recover.
+
+        Part of the reconcile pass (``ledger.redeliver``, invariant 9), after the lost-worker
+        sweep. A broker that cannot be reached skips it for this pass (the claim then reports the
+        outage); a publish that fails rolls it back and the next pass tries again.
+        """
+        try:
+            self._connected_producer()
+        except (KombuOperationalError, ConnectionError, OSError) as exc:
+            logger.warning(
+                "broker unreachable: nothing re-published in this pass (%s)", exc,
+                extra={"action": "republish_skipped", "replica": self.replica_id},
+            )
+            return
+        with self._publish_batch() as buffered:
+            done = ledger.redeliver(
+                ledger.Republisher(self._publish, buffered.flush, self.replica_id),
+                recover=self._lost.recoverable,
+                batch_size=conf.batch_size,
+            )
+        metrics.observe_redelivery(done, self.replica_id)
 
     def _connected_producer(self) -> Any:
         """Return the producer, connecting with a short bounded retry (never Celery's 100).

@@ -7,6 +7,7 @@ One module per concept, each the only writer of what it names:
 - ``reconcile``: cancel what was deleted or disabled, re-plan edits (``planning`` plans);
 - ``planning``: the next slot of tasks without a pending run, tolerant of bad rows;
 - ``claim``: claim, decide (``policy``: pure misfire and overlap decisions), publish, commit;
+- ``delivery``: dispatched runs no worker started, and lost runs to recover, published again;
 - ``compiled``: the claim query compiled once and sent prepared (Django/psycopg internals);
 - ``writes``: bulk inserts and updates of runs and tasks;
 - ``manual``: manual runs and backfills;
@@ -22,6 +23,7 @@ surface; modules outside the package import them from here.
 from scheduling.clock import ClockTimestamp, StatementTimestamp, database_now
 from scheduling.ledger.changes import CHANGE_RETENTION, note_unplanned
 from scheduling.ledger.claim import FLUSH_EVERY, Dispatched, Publish, claim_and_dispatch
+from scheduling.ledger.delivery import Redelivered, Republisher, redeliver
 from scheduling.ledger.execution import (
     Execution,
     begin_execution,
@@ -58,6 +60,8 @@ __all__ = [
     "Poll",
     "PrunePlan",
     "Publish",
+    "Redelivered",
+    "Republisher",
     "StatementTimestamp",
     "application_name",
     "backfill",
@@ -76,6 +80,7 @@ __all__ = [
     "prune_plan",
     "reconcile",
     "reconcile_turn",
+    "redeliver",
     "record_finished",
     "record_not_executed",
     "record_retry",

@@ -16,11 +16,13 @@ from django.db.models import Case, F, IntegerField, TextField, Value, When
 
 from scheduling import slots
 from scheduling.clock import ClockTimestamp, database_now
+from scheduling.conf import conf
 from scheduling.exceptions import ScheduleError
 from scheduling.ledger.changes import note_unplanned
 from scheduling.ledger.planning import SCHEDULE_RELATED
+from scheduling.ledger.policy import worker_lost_policy
 from scheduling.ledger.writes import ERROR_LIMIT, TaskUpdate, insert_pending, update_tasks
-from scheduling.models import Run
+from scheduling.models import Run, TaskPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -126,11 +128,15 @@ def begin_execution(
     - pending (published by a replica whose claim rolled back): adopted, executes;
     - dispatched: executes (the first delivery);
     - running: a later Celery retry (``retries`` above the run's) executes; the same attempt
-      executes again only with evidence that its worker died mid-task: the broker redelivered the
-      message AND the execution lock was free (its holder's database session has ended). Otherwise
+      redelivered by the broker with the execution lock free (its holder's database session has
+      ended: its worker died mid-body) executes again under worker-loss policy ``recover``, and
+      under ``fail`` is dropped and the run closed as failed, "worker lost", saying so. Otherwise
       it is a duplicate of an execution on a live worker and is dropped;
     - retrying: only the next attempt (``retries`` above the run's) executes;
-    - succeeded, failed, expired, skipped, missed, cancelled: dropped (finished).
+    - failed "not delivered" with no execution (the deadline closed it, then its message arrived
+      after all): executes, nothing of it ran;
+    - succeeded, failed, expired, skipped, missed, cancelled: dropped (finished). A redelivery
+      of a run closed "worker lost" is noted in its error.
 
     Without ``exclusive`` nothing executes: a live process holds this attempt's lock. An executing
     delivery sets running, ``started_at``, ``worker``, ``retries`` and adds one to ``executions``;
@@ -140,7 +146,7 @@ def begin_execution(
         run = (
             Run.objects.using(using)
             .filter(task_id=task_id)
-            .select_related(*SCHEDULE_RELATED)
+            .select_related(*SCHEDULE_RELATED, "periodic_task__scheduling_policy")
             .annotate(db_now=ClockTimestamp())
             .select_for_update(of=("self",))
             # A live run first; a cancelled one only when no other has this task id.
@@ -156,11 +162,19 @@ def begin_execution(
         )
         if run is None:
             return Execution(True, False, "no run has this task id")
-        reason = _execution_verdict(run, retries, redelivered, exclusive)
+        recover = worker_lost_policy(run.periodic_task, conf.worker_lost_policy)
+        reason = _execution_verdict(run, retries, redelivered, exclusive, recover)
         if reason is None:
-            Run.objects.using(using).filter(pk=run.pk).update(
-                suppressed=F("suppressed") + 1
-            )
+            dropped: dict[str, object] = {"suppressed": F("suppressed") + 1}
+            if exclusive and redelivered and run.status == Run.Status.RUNNING:
+                dropped.update(  # worker-loss policy fail: the crash ends the run here
+                    status=Run.Status.FAILED, reason=Run.Reason.WORKER_LOST,
+                    finished_at=ClockTimestamp(), error=_REDELIVERED_NOT_RUN,
+                )
+            elif redelivered and run.reason == Run.Reason.WORKER_LOST:
+                if _REDELIVERED_LATER not in run.error:
+                    dropped["error"] = (run.error + _REDELIVERED_LATER)[:ERROR_LIMIT]
+            Run.objects.using(using).filter(pk=run.pk).update(**dropped)
             return Execution(False, True, _suppressed_reason(run, exclusive), run.pk)
         fields: dict[str, object] = {
             "worker": worker[:255],
@@ -169,11 +183,24 @@ def begin_execution(
         }
         if run.status == Run.Status.RUNNING and retries == run.retries:
             fields["reason"] = reason
+        elif run.status == Run.Status.FAILED:  # a late delivery of a run closed "not delivered"
+            fields.update(reason=reason, error="", finished_at=None)
         _start(run, fields, using)
     return Execution(True, True, reason, run.pk)
 
 
-def _execution_verdict(run: Run, retries: int, redelivered: bool, exclusive: bool) -> str | None:
+#: Error of a run closed by the guard: its worker died and the broker redelivered it (policy fail).
+_REDELIVERED_NOT_RUN = (
+    "the worker running it died mid-run; the broker redelivered its message and it was not run "
+    "again (worker-loss policy fail)"
+)
+#: Added to the error of a run closed "worker lost" when its message is redelivered afterwards.
+_REDELIVERED_LATER = "; the broker redelivered its message afterwards and it was not run"
+
+
+def _execution_verdict(
+    run: Run, retries: int, redelivered: bool, exclusive: bool, worker_lost: str
+) -> str | None:
     """Return why this delivery executes, or None to drop it (rule in ``begin_execution``)."""
     if not exclusive:
         return None
@@ -185,7 +212,9 @@ def _execution_verdict(run: Run, retries: int, redelivered: bool, exclusive: boo
     if status in (Run.Status.RUNNING, Run.Status.RETRYING) and retries > run.retries:
         return Run.Reason.celery_retry(retries)
     if status == Run.Status.RUNNING and retries == run.retries and redelivered:
-        return Run.Reason.REEXECUTED
+        return Run.Reason.REEXECUTED if worker_lost == TaskPolicy.WorkerLost.RECOVER else None
+    if status == Run.Status.FAILED and run.reason == Run.Reason.NOT_DELIVERED and not run.executions:
+        return Run.Reason.LATE_DELIVERY
     return None
 
 

@@ -43,7 +43,9 @@ def reconcile(
     3. Every enabled task without a pending scheduled run gets one (its next slot), or is disabled
        when its schedule is over (clocked time passed, expired, one-off done).
     4. With ``lost`` (the replica's memory of runs seen without their execution lock): running
-       runs whose worker is gone are closed as failed, "worker lost" (``close_lost_executions``).
+       runs whose worker is gone are closed as failed, "worker lost", or left to recover, by
+       their worker-loss policy (``close_lost_executions``); the scheduler then re-publishes
+       ``lost.recoverable`` and the overdue dispatched runs (``delivery.redeliver``).
 
     ``full=False`` (the scheduler's passes after its first) looks only at what the change log
     (``ScheduleChange``: edits, creations, schedules that failed to give a slot at claim time)

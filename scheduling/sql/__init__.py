@@ -43,13 +43,14 @@ def _load() -> dict[str, str]:
     """Read ``queries.sql`` and fill in the tables' names and the fragments (once a process)."""
     from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
-    from scheduling.models import Replica, Run
+    from scheduling.models import Replica, Run, TaskPolicy
 
     names = {
         "run": Run._meta.db_table,
         "periodic_task": PeriodicTask._meta.db_table,
         "change_marker": PeriodicTasks._meta.db_table,
         "replica": Replica._meta.db_table,
+        "task_policy": TaskPolicy._meta.db_table,
     }
     blocks = parse(QUERIES_FILE.read_text())
     fragments: dict[str, str] = {}

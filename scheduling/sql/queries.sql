@@ -67,19 +67,54 @@ held AS MATERIALIZED (
 NOT EXISTS (SELECT 1 FROM held WHERE held.key = scheduling_execution_lock_key(r.task_id, r.retries))
 
 -- running_without_lock --
--- Running runs started by the guard whose execution lock is free, with the database clock.
+-- Running runs started by the guard whose execution lock is free, with the database clock, the
+-- task's worker-loss policy ('' when it has none) and how often the run was re-published.
 WITH {fragment_held_locks}
-SELECT r.id, r.executions, clock_timestamp()
-FROM {run} r
+SELECT r.id, r.executions, clock_timestamp(), COALESCE(p.worker_lost_policy, ''), r.republished
+FROM {run} r LEFT JOIN {task_policy} p ON p.periodic_task_id = r.periodic_task_id
 WHERE r.status = 'running' AND r.executions > 0 AND {fragment_lock_free}
 
 -- close_lost --
--- Close the runs (id, executions) still running with their lock free as failed: worker lost.
+-- Close the runs (id, executions) still running with their lock free as failed: worker lost,
+-- each with its own error text.
 WITH {fragment_held_locks}
-UPDATE {run} AS r SET status = 'failed', reason = %s, error = %s, finished_at = clock_timestamp()
-FROM unnest(%s::bigint[], %s::integer[]) AS v(id, executions)
+UPDATE {run} AS r SET status = 'failed', reason = %s, error = v.error,
+    finished_at = clock_timestamp()
+FROM unnest(%s::bigint[], %s::integer[], %s::text[]) AS v(id, executions, error)
 WHERE r.id = v.id AND r.executions = v.executions AND r.status = 'running' AND {fragment_lock_free}
 RETURNING r.id, r.executions, r.task_id, r.periodic_task_name
+
+-- overdue_deliveries --
+-- Dispatched runs no worker started within their delivery deadline (the task policy's
+-- delivery_timeout_seconds, else %(timeout)s seconds) since their last publish, oldest first,
+-- locked for this pass; rows another replica is handling are skipped.
+SELECT r.id
+FROM {run} r LEFT JOIN {task_policy} p ON p.periodic_task_id = r.periodic_task_id
+WHERE r.status = 'dispatched'
+  AND COALESCE(r.republished_at, r.dispatched_at) < clock_timestamp()
+      - make_interval(secs => COALESCE(p.delivery_timeout_seconds, %(timeout)s)::float8)
+ORDER BY COALESCE(r.republished_at, r.dispatched_at), r.id
+LIMIT %(limit)s
+FOR UPDATE OF r SKIP LOCKED
+
+-- undelivered_count --
+-- The health probe: dispatched runs no worker started past their delivery deadline (as in
+-- overdue_deliveries) plus %(grace)s seconds (a reconcile interval: a pass should have
+-- re-published them).
+SELECT count(*)
+FROM {run} r LEFT JOIN {task_policy} p ON p.periodic_task_id = r.periodic_task_id
+WHERE r.status = 'dispatched'
+  AND COALESCE(r.republished_at, r.dispatched_at) < clock_timestamp()
+      - make_interval(secs => (COALESCE(p.delivery_timeout_seconds, %(timeout)s) + %(grace)s)::float8)
+
+-- lost_to_recover --
+-- The runs (id, executions) to recover, locked, if still running with their lock free: a
+-- redelivery that started one meanwhile holds its lock (or bumped executions) and keeps it.
+WITH {fragment_held_locks}
+SELECT r.id
+FROM {run} r JOIN unnest(%s::bigint[], %s::integer[]) AS v(id, executions) ON r.id = v.id
+WHERE r.status = 'running' AND r.executions = v.executions AND {fragment_lock_free}
+FOR UPDATE OF r SKIP LOCKED
 
 -- try_execution_lock --
 -- The guard takes the execution lock of one attempt (task id, retries) on its own session.

@@ -6,14 +6,15 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connections, transaction
+from django_celery_beat.models import PeriodicTask
 
 from scheduling import ledger, slots
 from scheduling.messages import Message
-from scheduling.models import Run
+from scheduling.models import Run, TaskPolicy
 
 GRACE = timedelta(seconds=60)
 
@@ -85,3 +86,20 @@ def claim_in_flight(replica_id: str = "slow", pause: float = 1.5) -> Iterator[Re
         yield recorder
     finally:
         thread.join(timeout=30)
+
+
+def late_task(make_task, policy: str | None, *, grace: int | None = 5, limit: int = 100,
+               late_by: float = 67.0, every: int = 10) -> tuple[PeriodicTask, datetime]:
+    """An interval task (every 10 s) whose pending run is its start_time, ``late_by`` s ago."""
+    first = ledger.database_now() - timedelta(seconds=late_by)
+    task = make_task(every=every, start_time=first)
+    if policy is not None:
+        TaskPolicy.objects.create(
+            periodic_task=task, misfire_policy=policy, misfire_grace_seconds=grace,
+            catch_up_limit=limit,
+        )
+    ledger.reconcile(GRACE)
+    Run.objects.pending().filter(periodic_task=task).update(
+        scheduled_for=first, task_id=slots.task_id_for(task.pk, first)
+    )
+    return task, first

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from scheduling import guard, ledger
-from scheduling.models import Run
+from scheduling.models import Run, TaskPolicy
 from tests.integration.conftest import claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -58,7 +58,10 @@ def test_a_finished_run_is_never_executed_again(dispatched):
     assert counters(dispatched) == (Run.Status.SUCCEEDED, 0, 1, 1)
 
 
-def test_a_redelivery_after_the_worker_died_executes_once_more(dispatched):
+def test_a_redelivery_after_the_worker_died_executes_once_more_under_recover(dispatched):
+    TaskPolicy.objects.create(
+        periodic_task=dispatched.periodic_task, worker_lost_policy=TaskPolicy.WorkerLost.RECOVER
+    )
     begin(dispatched)
     again = begin(dispatched, redelivered=True)  # the lock was free: its holder is gone
     assert (again.execute, again.reason) == (
@@ -66,6 +69,37 @@ def test_a_redelivery_after_the_worker_died_executes_once_more(dispatched):
     )
     assert counters(dispatched) == (Run.Status.RUNNING, 0, 2, 0)
     assert Run.objects.get(pk=dispatched.pk).reason == again.reason
+
+
+def test_under_fail_a_redelivery_after_the_worker_died_closes_the_run_saying_so(dispatched):
+    begin(dispatched)  # the default policy: SCHEDULING_WORKER_LOST_POLICY "fail"
+    again = begin(dispatched, redelivered=True)
+    assert (again.execute, again.reason) == (False, "duplicate of a running run (attempt 0)")
+    run = Run.objects.get(pk=dispatched.pk)
+    assert (run.status, run.reason, run.executions, run.suppressed) == (
+        Run.Status.FAILED, "worker lost", 1, 1
+    )
+    assert run.error == (
+        "the worker running it died mid-run; the broker redelivered its message and it was not "
+        "run again (worker-loss policy fail)"
+    )
+    assert run.finished_at is not None
+    assert begin(dispatched, redelivered=True).execute is False  # and stays closed
+    assert counters(dispatched) == (Run.Status.FAILED, 0, 1, 2)
+
+
+def test_a_run_closed_not_delivered_executes_when_its_message_arrives_after_all(dispatched):
+    Run.objects.filter(pk=dispatched.pk).update(
+        status=Run.Status.FAILED, reason=Run.Reason.NOT_DELIVERED, error="no worker started it",
+        finished_at=ledger.database_now(),
+    )
+    late = begin(dispatched)
+    assert (late.execute, late.reason) == (True, "delivered after it was closed as not delivered")
+    run = Run.objects.get(pk=dispatched.pk)
+    assert (run.status, run.reason, run.error, run.finished_at, run.executions) == (
+        Run.Status.RUNNING, "delivered after it was closed as not delivered", "", None, 1
+    )
+    assert begin(dispatched, redelivered=True).execute is False  # once: it has run now
 
 
 def test_celery_retries_execute_and_stale_attempts_do_not(dispatched):

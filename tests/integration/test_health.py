@@ -12,6 +12,7 @@ from django.core.management import call_command
 from scheduling import ledger
 from scheduling.models import Replica, Run
 from scheduling.replicas import Heartbeat
+from tests.integration.conftest import claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,3 +91,37 @@ def test_local_looks_at_this_host_only():
     )
     Heartbeat("mine").beat()
     assert _health("--local")[0] == 0
+
+
+def test_a_dispatched_run_nobody_republished_past_its_deadline_is_unhealthy(make_task, recorder):
+    _replica("r1", ago=1)
+    run = ledger.request_run(make_task(every=3600))
+    claim(recorder)
+    assert _health()[0] == 0
+    # past the deadline (300 s) but within one reconcile pass (60 s) more: a replica will do it
+    now = ledger.database_now()
+    Run.objects.filter(pk=run.pk).update(dispatched_at=now - timedelta(seconds=350))
+    assert _health()[0] == 0
+    Run.objects.filter(pk=run.pk).update(dispatched_at=now - timedelta(seconds=361))
+    assert _health() == (
+        1, "", "unhealthy: 1 run dispatched and not started past the delivery deadline and a "
+        "reconcile pass (nothing re-published them)\n",
+    )
+    Run.objects.filter(pk=run.pk).update(republished_at=now, republished=1)  # a replica did
+    assert _health()[0] == 0
+
+
+def test_the_healthy_line_counts_runs_closed_without_executing(make_task, recorder):
+    _replica("r1", ago=1)
+    runs = [ledger.request_run(make_task(every=3600)) for _ in range(3)]
+    claim(recorder)
+    now = ledger.database_now()
+    reasons = (Run.Reason.NOT_DELIVERED, Run.Reason.NOT_DELIVERED, Run.Reason.WORKER_LOST)
+    for run, reason in zip(runs, reasons, strict=True):
+        Run.objects.filter(pk=run.pk).update(
+            status=Run.Status.FAILED, reason=reason, finished_at=now
+        )
+    assert _health() == (
+        0, "ok: 1 replica ticked within 30 s; no run pending more than 120 s past the slot; "
+        '2 runs closed "not delivered" and 1 run closed "worker lost" in the last 24 h\n', "",
+    )

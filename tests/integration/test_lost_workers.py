@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 
 from scheduling import ledger
-from scheduling.models import Run
+from scheduling.models import Run, TaskPolicy
 from tests.integration.conftest import GRACE, claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,6 +32,13 @@ def running(make_task, recorder) -> Run:
     run.refresh_from_db()
     assert (run.status, run.executions) == (Run.Status.RUNNING, 1)
     return run
+
+
+def recover(run: Run) -> None:
+    """Give the run's task worker-loss policy recover."""
+    TaskPolicy.objects.create(
+        periodic_task=run.periodic_task, worker_lost_policy=TaskPolicy.WorkerLost.RECOVER
+    )
 
 
 def hold_lock(conn: psycopg.Connection, run: Run, retries: int = 0) -> None:
@@ -86,17 +93,24 @@ def test_a_run_is_closed_only_after_its_lock_stayed_free_for_the_bound(running, 
     assert ledger.close_lost_executions(lost) == [running.task_id]
     run = Run.objects.get(pk=running.pk)
     assert (run.status, run.reason, run.executions) == (Run.Status.FAILED, "worker lost", 1)
-    assert run.error.startswith("the execution lock was free for 0.5 s or more")
+    assert run.error == (
+        "the worker running it died mid-run (its execution lock was free for 0.5 s or more, or "
+        "its database session ended); worker-loss policy fail: not run again"
+    )
     assert run.finished_at is not None
     assert lost.first_seen == {}
-    # A later redelivery finds it finished and is dropped.
+    # A later redelivery finds it finished and is dropped; the error says it came.
     late = ledger.begin_execution(
         run.task_id, "w2@host", retries=0, redelivered=True, exclusive=True
     )
     assert (late.execute, late.reason) == (False, "already failed")
+    assert Run.objects.get(pk=running.pk).error == run.error + (
+        "; the broker redelivered its message afterwards and it was not run"
+    )
 
 
 def test_a_redelivery_that_runs_it_again_resets_the_watch(running, raw_connection):
+    recover(running)
     lost = ledger.LostExecutions(after=0.3)
     assert ledger.close_lost_executions(lost) == []
     time.sleep(0.4)
@@ -132,3 +146,50 @@ def test_reconcile_runs_the_sweep_with_the_replicas_memory(running):
     assert status(running)[0] == Run.Status.FAILED
     ledger.reconcile(GRACE)  # without the memory: no sweep, nothing else changes
 
+
+
+def test_under_recover_a_lost_run_is_republished_as_dispatched_and_runs_once_more(
+    running, recorder
+):
+    recover(running)
+    recorder.messages.clear()  # the claim's publish
+    lost = ledger.LostExecutions(after=0)
+    assert ledger.close_lost_executions(lost) == []  # not closed: left to recover
+    assert lost.recoverable == [(running.pk, 1)]
+    done = ledger.redeliver(ledger.Republisher(recorder), recover=lost.recoverable)
+    assert (done.recovered, done.republished, done.closed) == ([running.task_id], [], [])
+    assert recorder.task_ids == [running.task_id]  # the same task id
+    run = Run.objects.get(pk=running.pk)
+    assert (run.status, run.reason, run.republished, run.executions) == (
+        Run.Status.DISPATCHED, "recovered: re-published after its worker was lost", 1, 1
+    )
+    again = ledger.begin_execution(
+        run.task_id, "w2@host", retries=0, redelivered=False, exclusive=True
+    )
+    assert (again.execute, again.reason) == (True, "first delivery")
+    assert Run.objects.get(pk=running.pk).executions == 2
+
+
+def test_under_recover_a_run_lost_past_the_republish_limit_is_closed(running, recorder, settings):
+    recover(running)
+    settings.SCHEDULING_REPUBLISH_LIMIT = 1
+    Run.objects.filter(pk=running.pk).update(republished=1)
+    lost = ledger.LostExecutions(after=0)
+    assert ledger.close_lost_executions(lost) == [running.task_id]
+    assert lost.recoverable == []
+    run = Run.objects.get(pk=running.pk)
+    assert (run.status, run.reason) == (Run.Status.FAILED, "worker lost")
+    assert run.error.endswith("; re-published 1 times: no more")
+
+
+def test_a_run_taken_by_a_redelivery_before_the_recovery_is_left_to_it(
+    running, recorder, raw_connection
+):
+    recover(running)
+    recorder.messages.clear()  # the claim's publish
+    lost = ledger.LostExecutions(after=0)
+    ledger.close_lost_executions(lost)
+    hold_lock(raw_connection, running)  # a redelivery took the lock meanwhile
+    done = ledger.redeliver(ledger.Republisher(recorder), recover=lost.recoverable)
+    assert (done.recovered, recorder.task_ids) == ([], [])
+    assert status(running) == (Run.Status.RUNNING, "")

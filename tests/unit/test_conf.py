@@ -26,7 +26,8 @@ def test_every_setting_is_read_through_override_settings_and_converted():
         "REPLICA_ID": 7, "MAX_INTERVAL": "2", "BATCH_SIZE": "7", "PREPARED_CLAIM": 0,
         "MISFIRE_GRACE_SECONDS": 30, "RECONCILE_INTERVAL": "5", "FULL_RECONCILE_INTERVAL": 60,
         "OVERLAP_STALE_SECONDS": "120", "STATEMENT_TIMEOUT": 1, "IDLE_IN_TRANSACTION_TIMEOUT": 2,
-        "TCP_KEEPALIVES_IDLE": "3", "WORKER_LOST_AFTER": 10, "RETRY_BACKOFF_MAX": 1,
+        "TCP_KEEPALIVES_IDLE": "3", "WORKER_LOST_AFTER": 10, "WORKER_LOST_POLICY": "recover",
+        "DELIVERY_TIMEOUT": "30", "REPUBLISH_LIMIT": "2", "RETRY_BACKOFF_MAX": 1,
         "BROKER_TIMEOUT": "0.5", "REJECT_UNKNOWN_TASKS": "", "HEARTBEAT_INTERVAL": 1,
         "METRICS_PORT": "9100", "METRICS_ADDR": "127.0.0.1", "METRICS_TASK_LABELS": 0,
         "PRUNE_OLDER_THAN": "12h", "PRUNE_KEEP_LAST": "3", "PRUNE_INTERVAL": 60,
@@ -41,7 +42,9 @@ def test_every_setting_is_read_through_override_settings_and_converted():
         "RECONCILE_INTERVAL": (float, 5.0), "FULL_RECONCILE_INTERVAL": (float, 60.0),
         "OVERLAP_STALE_SECONDS": (float, 120.0), "STATEMENT_TIMEOUT": (float, 1.0),
         "IDLE_IN_TRANSACTION_TIMEOUT": (float, 2.0), "TCP_KEEPALIVES_IDLE": (int, 3),
-        "WORKER_LOST_AFTER": (float, 10.0), "RETRY_BACKOFF_MAX": (float, 1.0),
+        "WORKER_LOST_AFTER": (float, 10.0), "WORKER_LOST_POLICY": (str, "recover"),
+        "DELIVERY_TIMEOUT": (float, 30.0), "REPUBLISH_LIMIT": (int, 2),
+        "RETRY_BACKOFF_MAX": (float, 1.0),
         "BROKER_TIMEOUT": (float, 0.5), "REJECT_UNKNOWN_TASKS": (bool, False),
         "HEARTBEAT_INTERVAL": (float, 1.0), "METRICS_PORT": (int, 9100),
         "METRICS_ADDR": (str, "127.0.0.1"), "METRICS_TASK_LABELS": (bool, False),
@@ -96,3 +99,9 @@ def test_importing_conf_reads_no_settings():
         check=False,
     )
     assert (result.returncode, result.stdout, result.stderr) == (0, f"{len(DEFAULTS)}\n", "")
+
+
+def test_the_worker_loss_policy_is_fail_or_recover():
+    with override_settings(SCHEDULING_WORKER_LOST_POLICY="retry"):
+        with pytest.raises(ValueError, match="must be 'fail' or 'recover', not 'retry'"):
+            conf.worker_lost_policy

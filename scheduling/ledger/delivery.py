@@ -1,0 +1,195 @@
+"""Delivery: dispatched runs no worker started, and lost runs to recover, re-published.
+
+Invariant 9: a run committed ``dispatched`` either executes or ends with a reason. A message can
+be lost inside the broker (a restart without persistence, a purge, an eviction) or on a worker
+that died before the body started; the ledger still says ``dispatched``. A reconcile pass finds
+such runs (``overdue_deliveries``: no worker started them within the delivery deadline since
+their last publish) and re-publishes each with its own task id, at most once per deadline and at
+most ``SCHEDULING_REPUBLISH_LIMIT`` times; then it closes the run as failed, "not delivered". The
+worker guard runs a task id at most once, so a re-publish that meets the first message (a long
+queue) only adds a duplicate that is dropped. Runs whose worker died mid-body and whose task
+recovers (worker-loss policy ``recover``, found by ``lost.close_lost_executions``) are published
+again the same way, back to ``dispatched``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db import connections, transaction
+
+from scheduling.clock import database_now
+from scheduling.conf import conf
+from scheduling.exceptions import PublishFailed, RunRejected
+from scheduling.ledger.planning import SCHEDULE_RELATED
+from scheduling.ledger.writes import ERROR_LIMIT, update_runs
+from scheduling.messages import Message, build_message
+from scheduling.models import Run, TaskPolicy
+from scheduling.sql import queries
+
+logger = logging.getLogger(__name__)
+
+_FIELDS = ("status", "reason", "error", "finished_at", "republished", "republished_at")
+
+
+@dataclass(frozen=True)
+class Republisher:
+    """How a replica publishes again: ``publish(message)`` as in a claim, ``flush()`` after."""
+
+    publish: Callable[[Message], None]
+    flush: Callable[[], None] | None = None
+    replica_id: str = ""
+
+
+@dataclass
+class Redelivered:
+    """What one redelivery pass did: task ids re-published, recovered, and closed.
+
+    ``names`` maps each of those task ids to its periodic task's name; ``reasons`` each closed
+    one to its reason (not delivered, worker lost, rejected before dispatch).
+    """
+
+    republished: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict, compare=False)
+    reasons: dict[str, str] = field(default_factory=dict, compare=False)
+
+
+def delivery_timeout(run: Run) -> timedelta:
+    """The run's delivery deadline: its task policy's ``delivery_timeout_seconds``, else the
+    global ``SCHEDULING_DELIVERY_TIMEOUT`` (seconds)."""
+    policy: TaskPolicy | None = getattr(run.periodic_task, "scheduling_policy", None)
+    if policy is not None and policy.delivery_timeout_seconds is not None:
+        return timedelta(seconds=policy.delivery_timeout_seconds)
+    return timedelta(seconds=conf.delivery_timeout)
+
+
+def redeliver(
+    republisher: Republisher,
+    *,
+    recover: list[tuple[int, int]] | None = None,
+    batch_size: int = 100,
+    using: str = "default",
+) -> Redelivered:
+    """Re-publish overdue dispatched runs and the lost runs to ``recover``; one transaction.
+
+    Overdue: ``dispatched`` and no (re)publish within the run's ``delivery_timeout``, at most
+    ``batch_size`` of them per pass, oldest first. ``recover``: (run id, executions) of running
+    runs whose worker was lost, taken only if still running with their execution lock free.
+    Each is published again with its own task id (``republished`` + 1, ``republished_at`` the
+    database clock; a recovered run goes back to ``dispatched``), or, once re-published
+    ``SCHEDULING_REPUBLISH_LIMIT`` times, closed as failed: "not delivered" (or "worker lost").
+    A run that cannot be published (RunRejected: its task was deleted, an unknown task name, bad
+    arguments) is closed as failed with the error. Broker errors propagate as PublishFailed and
+    roll the pass back, so nothing is recorded as re-published unless its publish succeeded.
+    """
+    done = Redelivered()
+    limit = conf.republish_limit
+    with transaction.atomic(using=using):
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                queries["overdue_deliveries"],
+                {"timeout": conf.delivery_timeout, "limit": batch_size},
+            )
+            overdue = [pk for (pk,) in cursor.fetchall()]
+            lost: list[int] = []
+            if recover:
+                cursor.execute(
+                    queries["lost_to_recover"], [[pk for pk, _ in recover], [n for _, n in recover]]
+                )
+                lost = [pk for (pk,) in cursor.fetchall()]
+        if not overdue and not lost:
+            return done
+        runs = Run.objects.using(using).select_related(
+            *SCHEDULE_RELATED, "periodic_task__scheduling_policy"
+        ).in_bulk([*overdue, *lost])
+        now = database_now(using)
+        sent: list[Run] = []
+        for pk in [*overdue, *lost]:
+            run = runs[pk]
+            recovering = run.status == Run.Status.RUNNING
+            if run.republished >= limit:
+                _close(run, recovering, limit, now)
+                done.closed.append(run.task_id)
+                continue
+            try:
+                if run.periodic_task is None:
+                    raise RunRejected("its periodic task was deleted: the message cannot be rebuilt")
+                republisher.publish(build_message(run, run.periodic_task))
+            except RunRejected as exc:
+                logger.error(
+                    "run %s of %r cannot be re-published: %s", run.task_id,
+                    run.periodic_task_name, exc, extra={"action": "republish_rejected"},
+                )
+                run.status, run.reason = Run.Status.FAILED, Run.Reason.REJECTED
+                run.error, run.finished_at = str(exc)[:ERROR_LIMIT], now
+                done.closed.append(run.task_id)
+                continue
+            except PublishFailed:
+                raise
+            except Exception as exc:
+                raise PublishFailed(f"cannot re-publish run {run.task_id}: {exc}") from exc
+            run.republished += 1
+            run.republished_at = now
+            if recovering:
+                run.status, run.reason = Run.Status.DISPATCHED, Run.Reason.RECOVERED
+                done.recovered.append(run.task_id)
+            else:
+                run.reason = Run.Reason.republished(run.republished, limit, delivery_timeout(run))
+                done.republished.append(run.task_id)
+            sent.append(run)
+        if sent and republisher.flush is not None:
+            try:
+                republisher.flush()
+            except Exception as exc:
+                ids = ", ".join(run.task_id for run in sent)
+                raise PublishFailed(f"cannot re-publish runs {ids}: {exc}") from exc
+        update_runs([runs[pk] for pk in [*overdue, *lost]], _FIELDS, using)
+    for run in runs.values():
+        done.names[run.task_id] = run.periodic_task_name
+        if run.task_id in done.closed:
+            done.reasons[run.task_id] = run.reason
+    _log(done, runs, republisher.replica_id)
+    return done
+
+
+def _close(run: Run, recovering: bool, limit: int, now) -> None:
+    run.status, run.finished_at = Run.Status.FAILED, now
+    if recovering:
+        run.reason = Run.Reason.WORKER_LOST
+        run.error = f"the worker running it died mid-run again after {limit} re-publishes; no more"
+    else:
+        timeout = delivery_timeout(run).total_seconds()
+        run.reason = Run.Reason.NOT_DELIVERED
+        run.error = (
+            f"no worker started it within {timeout:g} s of its dispatch nor of any of its "
+            f"{limit} re-publishes"
+        )
+
+
+def _log(done: Redelivered, runs: dict[int, Run], replica_id: str) -> None:
+    by_task_id = {run.task_id: run for run in runs.values()}
+    extra = {"replica": replica_id}
+    for task_id in done.republished:
+        run = by_task_id[task_id]
+        logger.warning(
+            "re-published run %s of %r (%d of %d): no worker started it within %g s",
+            task_id, run.periodic_task_name, run.republished, conf.republish_limit,
+            delivery_timeout(run).total_seconds(), extra={"action": "republish", **extra},
+        )
+    for task_id in done.recovered:
+        logger.warning(
+            "re-published run %s of %r after its worker was lost (worker-loss policy recover)",
+            task_id, by_task_id[task_id].periodic_task_name, extra={"action": "recover", **extra},
+        )
+    for task_id in done.closed:
+        run = by_task_id[task_id]
+        if run.reason in (Run.Reason.NOT_DELIVERED, Run.Reason.WORKER_LOST):
+            logger.error(
+                "run %s of %r failed: %s (%s)", task_id, run.periodic_task_name, run.reason,
+                run.error, extra={"action": "not_delivered", **extra},
+            )
