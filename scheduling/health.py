@@ -19,7 +19,6 @@ from scheduling.models import Replica, Run
 from scheduling.replicas import with_state
 from scheduling.sql import queries
 
-
 #: How far back the probe's line counts runs closed without executing.
 CLOSED_WINDOW = timedelta(hours=24)
 

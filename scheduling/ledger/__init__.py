@@ -80,11 +80,11 @@ __all__ = [
     "prune_plan",
     "reconcile",
     "reconcile_turn",
-    "redeliver",
     "record_finished",
     "record_not_executed",
     "record_retry",
     "record_started",
+    "redeliver",
     "replan_edited",
     "request_run",
 ]

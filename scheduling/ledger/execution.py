@@ -171,9 +171,12 @@ def begin_execution(
                     status=Run.Status.FAILED, reason=Run.Reason.WORKER_LOST,
                     finished_at=ClockTimestamp(), error=_REDELIVERED_NOT_RUN,
                 )
-            elif redelivered and run.reason == Run.Reason.WORKER_LOST:
-                if _REDELIVERED_LATER not in run.error:
-                    dropped["error"] = (run.error + _REDELIVERED_LATER)[:ERROR_LIMIT]
+            elif (
+                redelivered
+                and run.reason == Run.Reason.WORKER_LOST
+                and _REDELIVERED_LATER not in run.error
+            ):
+                dropped["error"] = (run.error + _REDELIVERED_LATER)[:ERROR_LIMIT]
             Run.objects.using(using).filter(pk=run.pk).update(**dropped)
             return Execution(False, True, _suppressed_reason(run, exclusive), run.pk)
         fields: dict[str, object] = {
