@@ -107,8 +107,19 @@ class LedgerScheduler(DatabaseScheduler):
         """Nothing to write back: every dispatch is committed when it happens."""
 
     def close(self) -> None:
-        """Record a clean shutdown in the replica's heartbeat row, then close as beat does."""
-        self.heartbeat.stop()
+        """Record a clean shutdown in the replica's heartbeat row, then close as beat does.
+
+        A stop calls this twice: Celery's SIGTERM/SIGINT handler first, at whatever instant the
+        signal came, then beat's own exit once the handler's SystemExit has unwound the tick.
+        The first may interrupt a statement (a poll, a reconcile pass waiting on a lock): a query
+        sent then would wait for ever on psycopg's connection lock, which the interrupted call
+        holds. So the session is made fit first (``ledger.ready_for_stop``: the statement in
+        flight is cancelled, and the interrupted pass unwinds at once, releasing the reconcile
+        turn) and the stop is recorded only on a session that is idle: by the second call when
+        the first found it busy or inside a transaction whose rollback would undo the write.
+        """
+        if ledger.ready_for_stop():
+            self.heartbeat.stop()
         super().close()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
