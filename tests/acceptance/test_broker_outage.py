@@ -24,7 +24,7 @@ from tests.acceptance.deployment import Deployment, drain, wait_until
 from tests.acceptance.outages import assert_misfire_policies
 from tests.tcp_proxy import TcpProxy, proxied_broker_url
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.acceptance, pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 
 OUTAGE_SECONDS = 20
 EVERY = timedelta(seconds=1)
