@@ -1,8 +1,8 @@
 """Issue 5 acceptance 4: the broker unreachable for 20 s while beat replicas run.
 
 Two real beat replicas publish through a TCP proxy (``tests.tcp_proxy``) in front of the broker
-(Redis, or the embedded PostgreSQL that kombu's SQL transport uses); the worker consumes
-directly. The proxy is cut for 20 s: open connections closed, new ones refused. Nothing may be
+(Redis, RabbitMQ, or the embedded PostgreSQL that kombu's SQL transport uses); the worker
+consumes directly. The proxy is cut for 20 s: open connections closed, new ones refused. Nothing may be
 marked dispatched during the outage, a publish failure must roll its claim back, and after the
 broker returns every due run is dispatched once, as its misfire policy says.
 """
