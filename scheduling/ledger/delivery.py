@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import connections, transaction
 
@@ -68,6 +68,20 @@ def delivery_timeout(run: Run) -> timedelta:
     return timedelta(seconds=conf.delivery_timeout)
 
 
+def message_expiry(run: Run) -> datetime | None:
+    """When the run's first message expired, or expires (aware UTC); None when it never does.
+
+    As Celery sends it: the task's ``expire_seconds`` after the dispatch, else its ``expires``.
+    A re-publish keeps that instant, so a run is never kept alive past its own expiry.
+    """
+    task = run.periodic_task
+    if task is None or run.dispatched_at is None:
+        return None
+    if task.expire_seconds is not None:
+        return run.dispatched_at + timedelta(seconds=task.expire_seconds)
+    return task.expires
+
+
 def redeliver(
     republisher: Republisher,
     *,
@@ -83,8 +97,10 @@ def redeliver(
     Each is published again with its own task id (``republished`` + 1, ``republished_at`` the
     database clock; a recovered run goes back to ``dispatched``), or, once re-published
     ``SCHEDULING_REPUBLISH_LIMIT`` times, closed as failed: "not delivered" (or "worker lost").
-    A run that cannot be published (RunRejected: its task was deleted, an unknown task name, bad
-    arguments) is closed as failed with the error. Broker errors propagate as PublishFailed and
+    A run whose message has expired (``message_expiry``) is closed as expired instead; a
+    re-published one carries the first message's expiry. A run that cannot be published
+    (RunRejected: its task was deleted, an unknown task name, bad arguments) is closed as failed
+    with the error. Broker errors propagate as PublishFailed and
     roll the pass back, so nothing is recorded as re-published unless its publish succeeded.
     """
     done = Redelivered()
@@ -116,10 +132,20 @@ def redeliver(
                 _close(run, recovering, limit, now)
                 done.closed.append(run.task_id)
                 continue
+            expiry = message_expiry(run)
+            if expiry is not None and expiry <= now:
+                run.status, run.reason = Run.Status.EXPIRED, Run.Reason.MESSAGE_EXPIRED
+                run.error = f"its message expired at {expiry.isoformat()}: not published again"
+                run.finished_at = now
+                done.closed.append(run.task_id)
+                continue
             try:
                 if run.periodic_task is None:
                     raise RunRejected("its periodic task was deleted: the message cannot be rebuilt")
-                republisher.publish(build_message(run, run.periodic_task))
+                message = build_message(run, run.periodic_task)
+                if expiry is not None:  # the first message's expiry, not a new one
+                    message.options["expires"] = expiry
+                republisher.publish(message)
             except RunRejected as exc:
                 logger.error(
                     "run %s of %r cannot be re-published: %s", run.task_id,
