@@ -105,14 +105,15 @@ def historical_runs(total: int, task_ids: list[int], chunk: int = 250_000) -> fl
                 INSERT INTO scheduling_run (
                     periodic_task_id, periodic_task_name, task, scheduled_for, trigger, status,
                     reason, task_id, slots, planned_at, claimed_by, dispatched_at, started_at,
-                    finished_at, worker, error, requested_by, retries, executions, suppressed)
+                    finished_at, worker, error, requested_by, retries, executions, suppressed,
+                    republished)
                 SELECT ids[1 + g %% n], 'history-' || (g %% n), %s, s.slot, 'schedule',
                     CASE WHEN g %% 100 < 97 THEN 'succeeded'
                          WHEN g %% 100 < 99 THEN 'failed' ELSE 'cancelled' END,
                     '', lpad(to_hex(g), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(g), 12, '0'),
                     1, s.slot, 'bench:history',
                     s.slot + interval '5 ms', s.slot + interval '20 ms',
-                    s.slot + interval '120 ms', 'bench-worker', '', '', 0, 1, 0
+                    s.slot + interval '120 ms', 'bench-worker', '', '', 0, 1, 0, 0
                 FROM generate_series(%s::bigint, %s::bigint) AS g,
                     LATERAL (SELECT %s::int[] AS ids, %s::int AS n) AS c,
                     LATERAL (SELECT %s::timestamptz - (g / n + 1) * interval '1 minute' AS slot)

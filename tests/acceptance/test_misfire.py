@@ -93,8 +93,10 @@ def test_c04_each_misfire_policy_after_all_replicas_were_down(deployment: Deploy
         elif name == "skip":
             assert late == []  # nothing ran past its grace
             assert len(missed) >= 4
-            # the missed rows are slots of the outage that were past their grace at recovery
-            assert all(down - EVERY < r.scheduled_for < up for r in missed)
+            # the missed rows are slots from the outage on that were past their grace when the
+            # new replicas claimed them (on a busy machine a replica may take longer than the
+            # grace to start, so slots just after ``up`` can be past it too)
+            assert all(down - EVERY < r.scheduled_for for r in missed)
             assert all(r.finished_at - r.scheduled_for > GRACE for r in missed)
             assert all(r.finished_at > up for r in missed)
             assert {r.reason.split(",")[0] for r in missed} == {"misfire: skip policy"}
