@@ -340,13 +340,8 @@ class Run(models.Model):
             ),
             models.Index(fields=["periodic_task", "-scheduled_for"], name="scheduling_run_recent"),
             models.Index(fields=["task_id"], name="scheduling_run_task_id"),
-            # "Dispatched runs no worker started": the delivery deadline's pass reads them.
-            models.Index(
-                fields=["dispatched_at"],
-                condition=Q(status="dispatched"),
-                name="scheduling_run_undelivered",
-            ),
-            # "Is a run of this task still going?" (overlap policy, in the claim query).
+            # "Is a run of this task still going?" (overlap policy, in the claim query). Also the
+            # delivery deadline's read of dispatched runs: unfinished runs are few at any time.
             models.Index(
                 fields=["periodic_task", "-dispatched_at"],
                 condition=Q(status__in=["dispatched", "running", "retrying"]),

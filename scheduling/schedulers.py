@@ -20,6 +20,7 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
+from amqp.exceptions import MessageNacked
 from celery import schedules
 from django.db import (
     DatabaseError,
@@ -107,8 +108,19 @@ class LedgerScheduler(DatabaseScheduler):
         """Nothing to write back: every dispatch is committed when it happens."""
 
     def close(self) -> None:
-        """Record a clean shutdown in the replica's heartbeat row, then close as beat does."""
-        self.heartbeat.stop()
+        """Record a clean shutdown in the replica's heartbeat row, then close as beat does.
+
+        A stop calls this twice: Celery's SIGTERM/SIGINT handler first, at whatever instant the
+        signal came, then beat's own exit once the handler's SystemExit has unwound the tick.
+        The first may interrupt a statement (a poll, a reconcile pass waiting on a lock): a query
+        sent then would wait for ever on psycopg's connection lock, which the interrupted call
+        holds. So the session is made fit first (``ledger.ready_for_stop``: the statement in
+        flight is cancelled, and the interrupted pass unwinds at once, releasing the reconcile
+        turn) and the stop is recorded only on a session that is idle: by the second call when
+        the first found it busy or inside a transaction whose rollback would undo the write.
+        """
+        if ledger.ready_for_stop():
+            self.heartbeat.stop()
         super().close()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
@@ -267,16 +279,21 @@ class LedgerScheduler(DatabaseScheduler):
 
     @cached_property
     def connection(self) -> Any:
-        """The broker connection this replica publishes on, with bounded timeouts.
+        """The broker connection this replica publishes on, with bounded timeouts and confirms.
 
         Connect and socket timeouts are ``SCHEDULING_BROKER_TIMEOUT`` seconds (for the transports
         that have them: ``broker_timeout_options``), so a publish to a dead or frozen broker
-        raises within seconds instead of holding the claim until the server ends it.
+        raises within seconds instead of holding the claim until the server ends it. On AMQP the
+        channel is in confirm mode (``publisher_confirm_options``): a publish returns only once
+        the broker accepted the message, so a run is committed dispatched only after that.
         """
         timeout = conf.broker_timeout
         driver = self.app.connection_for_write().get_transport_cls().driver_type
         return self.app.connection_for_write(
-            connect_timeout=timeout, transport_options=broker_timeout_options(driver, timeout)
+            connect_timeout=timeout,
+            transport_options={
+                **broker_timeout_options(driver, timeout), **publisher_confirm_options(driver)
+            },
         )
 
     def _publish_batch(self) -> Any:
@@ -293,17 +310,30 @@ class LedgerScheduler(DatabaseScheduler):
         return batch()
 
     def _publish(self, message: Message) -> None:
+        """Send one run's message; return once the broker has it (its confirm, on AMQP).
+
+        Raises RunRejected for an unknown task name, PublishFailed when the broker refused the
+        message (``basic.nack``: a full queue with ``reject-publish``, say), and lets the other
+        broker errors (a channel error such as a missing exchange, a lost connection, a confirm
+        not received within ``SCHEDULING_BROKER_TIMEOUT``) propagate: the claim rolls back.
+        """
         if conf.reject_unknown_tasks and message.name not in self.app.tasks:
             raise RunRejected(f"unknown task name {message.name!r}: not registered in this app")
-        self.app.send_task(
-            message.name,
-            args=message.args,
-            kwargs=message.kwargs,
-            producer=self.producer,
-            retry=True,
-            retry_policy=_PUBLISH_RETRY_POLICY,
-            **message.options,
-        )
+        try:
+            self.app.send_task(
+                message.name,
+                args=message.args,
+                kwargs=message.kwargs,
+                producer=self.producer,
+                retry=True,
+                retry_policy=_PUBLISH_RETRY_POLICY,
+                confirm_timeout=conf.broker_timeout,
+                **message.options,
+            )
+        except KombuOperationalError as exc:
+            if isinstance(exc.__cause__, MessageNacked):  # kombu's message for it is empty
+                raise PublishFailed("the broker refused the message (basic.nack)") from exc
+            raise
         self._published = True
 
     def _failed(self, what: str, exc: Exception) -> float:
@@ -381,6 +411,20 @@ def broker_timeout_options(driver_type: str, timeout: float) -> dict[str, Any]:
         return {"read_timeout": timeout, "write_timeout": timeout}
     if driver_type == "sql":
         return {"connect_args": {"connect_timeout": max(2, round(timeout))}, "pool_pre_ping": True}
+    return {}
+
+
+def publisher_confirm_options(driver_type: str) -> dict[str, Any]:
+    """Return kombu transport options that make a publish wait for the broker's acceptance.
+
+    On AMQP (``driver_type`` ``amqp``, py-amqp) ``confirm_publish`` puts every channel of the
+    connection in confirm mode: ``basic.publish`` then waits for the broker's ``basic.ack``, and
+    a ``basic.nack`` or a channel error raises instead of the message being dropped unseen. Each
+    publish costs one round trip more. Redis and kombu's SQL transport need nothing: their
+    publish returns after the server's reply (Redis's to the push, PostgreSQL's to the commit).
+    """
+    if driver_type == "amqp":
+        return {"confirm_publish": True}
     return {}
 
 

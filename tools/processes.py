@@ -89,12 +89,16 @@ class Processes:
         )
 
     def start_worker(self, name: str, concurrency: int = 2, **env: str) -> subprocess.Popen[bytes]:
-        """Start a prefork worker ``name@<host>`` consuming this deployment's queue."""
+        """Start a prefork worker ``name@<queue>.<host>`` consuming this deployment's queue.
+
+        The queue in the node name keeps workers of two deployments that share a broker apart:
+        RabbitMQ gives a worker's remote-control queue (named after the node) to one connection.
+        """
         self.kinds[name] = "worker"
         return self._start(
             name,
             [
-                "worker", "-l", "info", "-c", str(concurrency), "-n", f"{name}@%h",
+                "worker", "-l", "info", "-c", str(concurrency), "-n", f"{name}@{self.queue}.%h",
                 "-Q", self.queue, "--without-gossip", "--without-mingle", "--without-heartbeat",
             ],
             env,

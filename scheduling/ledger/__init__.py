@@ -2,7 +2,7 @@
 
 One module per concept, each the only writer of what it names:
 
-- ``session``: the scheduler session's server-side bounds, the poll, the advisory locks;
+- ``session``: the scheduler session's server-side bounds, the poll, the advisory locks, the stop;
 - ``changes``: the change log that reconcile passes read;
 - ``reconcile``: cancel what was deleted or disabled, re-plan edits (``planning`` plans);
 - ``planning``: the next slot of tasks without a pending run, tolerant of bad rows;
@@ -44,6 +44,7 @@ from scheduling.ledger.session import (
     beat_schedule_sync,
     configure_session,
     poll,
+    ready_for_stop,
     reconcile_turn,
 )
 
@@ -78,6 +79,7 @@ __all__ = [
     "prune_batch",
     "prune_counts",
     "prune_plan",
+    "ready_for_stop",
     "reconcile",
     "reconcile_turn",
     "record_finished",

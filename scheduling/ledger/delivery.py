@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import connections, transaction
 
@@ -68,6 +68,20 @@ def delivery_timeout(run: Run) -> timedelta:
     return timedelta(seconds=conf.delivery_timeout)
 
 
+def message_expiry(run: Run) -> datetime | None:
+    """When the run's first message expired, or expires (aware UTC); None when it never does.
+
+    As Celery sends it: the task's ``expire_seconds`` after the dispatch, else its ``expires``.
+    A re-publish keeps that instant, so a run is never kept alive past its own expiry.
+    """
+    task = run.periodic_task
+    if task is None or run.dispatched_at is None:
+        return None
+    if task.expire_seconds is not None:
+        return run.dispatched_at + timedelta(seconds=task.expire_seconds)
+    return task.expires
+
+
 def redeliver(
     republisher: Republisher,
     *,
@@ -83,72 +97,29 @@ def redeliver(
     Each is published again with its own task id (``republished`` + 1, ``republished_at`` the
     database clock; a recovered run goes back to ``dispatched``), or, once re-published
     ``SCHEDULING_REPUBLISH_LIMIT`` times, closed as failed: "not delivered" (or "worker lost").
-    A run that cannot be published (RunRejected: its task was deleted, an unknown task name, bad
-    arguments) is closed as failed with the error. Broker errors propagate as PublishFailed and
-    roll the pass back, so nothing is recorded as re-published unless its publish succeeded.
+    A run whose message has expired (``message_expiry``) is closed as expired instead; a
+    re-published one carries the first message's expiry. A run that cannot be published
+    (RunRejected: its task was deleted, an unknown task name, bad arguments) is closed as failed
+    with the error. Broker errors propagate as PublishFailed and roll the pass back, so nothing
+    is recorded as re-published unless its publish succeeded.
     """
     done = Redelivered()
-    limit = conf.republish_limit
     with transaction.atomic(using=using):
-        with connections[using].cursor() as cursor:
-            cursor.execute(
-                queries["overdue_deliveries"],
-                {"timeout": conf.delivery_timeout, "limit": batch_size},
-            )
-            overdue = [pk for (pk,) in cursor.fetchall()]
-            lost: list[int] = []
-            if recover:
-                cursor.execute(
-                    queries["lost_to_recover"], [[pk for pk, _ in recover], [n for _, n in recover]]
-                )
-                lost = [pk for (pk,) in cursor.fetchall()]
-        if not overdue and not lost:
+        ids = _lock_due(recover or [], batch_size, using)
+        if not ids:
             return done
         runs = Run.objects.using(using).select_related(
             *SCHEDULE_RELATED, "periodic_task__scheduling_policy"
-        ).in_bulk([*overdue, *lost])
+        ).in_bulk(ids)
         now = database_now(using)
-        sent: list[Run] = []
-        for pk in [*overdue, *lost]:
-            run = runs[pk]
-            recovering = run.status == Run.Status.RUNNING
-            if run.republished >= limit:
-                _close(run, recovering, limit, now)
-                done.closed.append(run.task_id)
-                continue
-            try:
-                if run.periodic_task is None:
-                    raise RunRejected("its periodic task was deleted: the message cannot be rebuilt")
-                republisher.publish(build_message(run, run.periodic_task))
-            except RunRejected as exc:
-                logger.error(
-                    "run %s of %r cannot be re-published: %s", run.task_id,
-                    run.periodic_task_name, exc, extra={"action": "republish_rejected"},
-                )
-                run.status, run.reason = Run.Status.FAILED, Run.Reason.REJECTED
-                run.error, run.finished_at = str(exc)[:ERROR_LIMIT], now
-                done.closed.append(run.task_id)
-                continue
-            except PublishFailed:
-                raise
-            except Exception as exc:
-                raise PublishFailed(f"cannot re-publish run {run.task_id}: {exc}") from exc
-            run.republished += 1
-            run.republished_at = now
-            if recovering:
-                run.status, run.reason = Run.Status.DISPATCHED, Run.Reason.RECOVERED
-                done.recovered.append(run.task_id)
-            else:
-                run.reason = Run.Reason.republished(run.republished, limit, delivery_timeout(run))
-                done.republished.append(run.task_id)
-            sent.append(run)
+        sent = [runs[pk] for pk in ids if _redeliver_one(runs[pk], republisher, now, done)]
         if sent and republisher.flush is not None:
             try:
                 republisher.flush()
             except Exception as exc:
-                ids = ", ".join(run.task_id for run in sent)
-                raise PublishFailed(f"cannot re-publish runs {ids}: {exc}") from exc
-        update_runs([runs[pk] for pk in [*overdue, *lost]], _FIELDS, using)
+                names = ", ".join(run.task_id for run in sent)
+                raise PublishFailed(f"cannot re-publish runs {names}: {exc}") from exc
+        update_runs([runs[pk] for pk in ids], _FIELDS, using)
     for run in runs.values():
         done.names[run.task_id] = run.periodic_task_name
         if run.task_id in done.closed:
@@ -157,7 +128,66 @@ def redeliver(
     return done
 
 
-def _close(run: Run, recovering: bool, limit: int, now) -> None:
+def _lock_due(recover: list[tuple[int, int]], batch_size: int, using: str) -> list[int]:
+    """Lock the overdue dispatched runs and the lost runs still to recover; return their ids."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            queries["overdue_deliveries"], {"timeout": conf.delivery_timeout, "limit": batch_size}
+        )
+        ids = [pk for (pk,) in cursor.fetchall()]
+        if recover:
+            cursor.execute(
+                queries["lost_to_recover"], [[pk for pk, _ in recover], [n for _, n in recover]]
+            )
+            ids += [pk for (pk,) in cursor.fetchall()]
+    return ids
+
+
+def _redeliver_one(run: Run, republisher: Republisher, now: datetime, done: Redelivered) -> bool:
+    """Publish ``run`` again, or close it; set its fields and note it in ``done``.
+
+    Returns whether a message was published (to be flushed). Raises PublishFailed for a broker
+    error.
+    """
+    limit = conf.republish_limit
+    recovering = run.status == Run.Status.RUNNING
+    expiry = message_expiry(run)
+    if run.republished >= limit:
+        _close(run, recovering, limit, now)
+    elif expiry is not None and expiry <= now:
+        run.status, run.reason = Run.Status.EXPIRED, Run.Reason.MESSAGE_EXPIRED
+        run.error = f"its message expired at {expiry.isoformat()}: not published again"
+        run.finished_at = now
+    else:
+        try:
+            if run.periodic_task is None:
+                raise RunRejected("its periodic task was deleted: the message cannot be rebuilt")
+            message = build_message(run, run.periodic_task)
+            if expiry is not None:  # the first message's expiry, not a new one
+                message.options["expires"] = expiry
+            republisher.publish(message)
+        except RunRejected as exc:
+            run.status, run.reason = Run.Status.FAILED, Run.Reason.REJECTED
+            run.error, run.finished_at = str(exc)[:ERROR_LIMIT], now
+        except PublishFailed:
+            raise
+        except Exception as exc:
+            raise PublishFailed(f"cannot re-publish run {run.task_id}: {exc}") from exc
+        else:
+            run.republished += 1
+            run.republished_at = now
+            if recovering:
+                run.status, run.reason = Run.Status.DISPATCHED, Run.Reason.RECOVERED
+                done.recovered.append(run.task_id)
+            else:
+                run.reason = Run.Reason.republished(run.republished, limit, delivery_timeout(run))
+                done.republished.append(run.task_id)
+            return True
+    done.closed.append(run.task_id)
+    return False
+
+
+def _close(run: Run, recovering: bool, limit: int, now: datetime) -> None:
     run.status, run.finished_at = Run.Status.FAILED, now
     if recovering:
         run.reason = Run.Reason.WORKER_LOST
@@ -188,8 +218,7 @@ def _log(done: Redelivered, runs: dict[int, Run], replica_id: str) -> None:
         )
     for task_id in done.closed:
         run = by_task_id[task_id]
-        if run.reason in (Run.Reason.NOT_DELIVERED, Run.Reason.WORKER_LOST):
-            logger.error(
-                "run %s of %r failed: %s (%s)", task_id, run.periodic_task_name, run.reason,
-                run.error, extra={"action": "not_delivered", **extra},
-            )
+        logger.error(
+            "run %s of %r %s: %s (%s)", task_id, run.periodic_task_name, run.status, run.reason,
+            run.error, extra={"action": "not_delivered", **extra},
+        )

@@ -1,23 +1,30 @@
-"""The scheduler's database session: its server-side bounds, the poll, and the advisory locks.
+"""The scheduler's database session: its server-side bounds, the poll, the advisory locks, the stop.
 
 A replica's session carries ``idle_in_transaction_session_timeout``, ``statement_timeout`` and TCP
 keepalives (invariant 8: a frozen or partitioned replica cannot hold its claim longer than the
 server allows). Two advisory locks order work between replicas: the reconcile turn (session
 level) and the ``CELERY_BEAT_SCHEDULE`` sync (transaction level). Neither is needed for
-correctness; they keep replicas from doing the same work at once.
+correctness; they keep replicas from doing the same work at once. A stop may come at any instant
+(``ready_for_stop``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+import psycopg
 from django.db import connections, transaction
+from psycopg import pq
 
 from scheduling.conf import conf
 from scheduling.sql import BEAT_SCHEDULE_LOCK, RECONCILE_LOCK, queries
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -119,3 +126,67 @@ def beat_schedule_sync(using: str = "default") -> Iterator[None]:
         with connections[using].cursor() as cursor:
             cursor.execute(queries["advisory_xact_lock"], [BEAT_SCHEDULE_LOCK])
         yield
+
+
+def ready_for_stop(using: str = "default") -> bool:
+    """Make the scheduler's session fit for a stop at any instant; return whether to write on it.
+
+    Celery beat's SIGTERM and SIGINT handler (``celery/apps/beat.py``, ``_sync``) closes the
+    scheduler wherever the main thread was, then raises ``SystemExit`` there; beat closes it again
+    once that has unwound (``celery/beat.py``, ``Service.start``'s ``finally``). The stop finds the
+    session in one of these states:
+
+    - inside a psycopg call the signal interrupted (below the handler, on the same thread), which
+      holds psycopg's connection lock: a statement sent now would wait for that lock for ever.
+      The call's statement in flight, if any, is cancelled (a cancel request on a side
+      connection, psycopg's ``cancel_safe``, at most ``SCHEDULING_STATEMENT_TIMEOUT`` s), so the
+      call ends as soon as the ``SystemExit`` reaches it, without waiting for a lock or the
+      statement timeout: False.
+    - inside a transaction: a write now would be rolled back with it when the ``SystemExit``
+      unwinds it (a claim never is: ``schedulers._stop_signals_deferred`` holds the signals):
+      False.
+    - a statement left in flight by an interrupted call that has unwound (psycopg before 3.3
+      does not read the cancelled result on ``SystemExit``), or a broken session: the statement
+      is cancelled and the session closed, which frees its advisory locks, the reconcile turn
+      included, and a new one is opened with the scheduler's bounds: True.
+    - idle, or not connected: True.
+
+    Never raises: a stop goes on whatever the database does.
+    """
+    connection = connections[using]
+    raw: psycopg.Connection[Any] | None = connection.connection
+    if raw is None or raw.closed:
+        return True
+    status = raw.info.transaction_status
+    if status == pq.TransactionStatus.ACTIVE:
+        _cancel(raw)
+    if raw.lock.locked():
+        return False
+    if status not in (pq.TransactionStatus.ACTIVE, pq.TransactionStatus.UNKNOWN):
+        return status == pq.TransactionStatus.IDLE and not connection.in_atomic_block
+    try:
+        connection.close()
+        configure_session(using)
+    except Exception as exc:  # noqa: BLE001 - stopping: log and go
+        logger.warning(
+            "cannot open a new scheduler session to record the stop: %s", exc,
+            extra={"action": "stop_session_failed"},
+        )
+        return False
+    return True
+
+
+def _cancel(raw: psycopg.Connection[Any]) -> None:
+    """Ask the server to cancel ``raw``'s statement in flight, waiting at most the timeout."""
+    try:
+        raw.cancel_safe(timeout=conf.statement_timeout)
+    except Exception as exc:  # noqa: BLE001 - the statement timeout ends it anyway
+        logger.warning(
+            "cannot cancel the scheduler's statement in flight: %s", exc,
+            extra={"action": "stop_cancel_failed"},
+        )
+        return
+    logger.info(
+        "stopping: cancelled the scheduler's statement in flight",
+        extra={"action": "stop_cancelled"},
+    )

@@ -2,9 +2,10 @@
 
 A Deployment starts ``celery beat`` replicas with LedgerScheduler and ``celery worker`` processes
 as children, with DATABASE_URL pointing at pytest-django's test database and a queue of its own on
-the configured broker (Redis when CELERY_BROKER_URL is set, else kombu's SQL transport), so tests
-never see each other's messages. Workers run ``project.tasks.record``, which appends one JSON line
-per execution to a file: the count of executions comes from the worker, not the ledger.
+the configured broker (CELERY_BROKER_URL: Redis or RabbitMQ; unset, kombu's SQL transport), so
+tests never see each other's messages; ``stop()`` of the whole deployment deletes that queue from
+Redis or RabbitMQ. Workers run ``project.tasks.record``, which appends one JSON line per execution
+to a file: the count of executions comes from the worker, not the ledger.
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ class Deployment(Processes):
         )
         self.env["CELERY_TASK_DEFAULT_QUEUE"] = self.queue
 
+    def stop(self, *names: str, timeout: float = 20.0) -> None:
+        """Stop the named processes; with no name, every process, then delete the queue."""
+        super().stop(*names, timeout=timeout)
+        if not names:
+            delete_queue(self.queue)
+
     def start_beat(
         self, name: str, *, pause_after_publish: float = 0.0, **env: str
     ) -> subprocess.Popen[bytes]:
@@ -110,14 +117,41 @@ def broker_is_redis() -> bool:
     return settings.CELERY_BROKER_URL.startswith("redis://")
 
 
+def broker_is_amqp() -> bool:
+    """Return True when the acceptance tests run against RabbitMQ (an ``amqp://`` URL)."""
+    return settings.CELERY_BROKER_URL.startswith(("amqp://", "pyamqp://"))
+
+
+def delete_queue(queue: str) -> None:
+    """Delete ``queue`` from Redis or RabbitMQ (its exchange of the same name too), if it exists.
+
+    kombu's SQL transport keeps its queues in the test database, which pytest-django drops.
+    """
+    if broker_is_redis():
+        import redis
+
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(queue)
+    elif broker_is_amqp():
+        from kombu import Connection
+
+        with Connection(settings.CELERY_BROKER_URL, connect_timeout=5) as broker:
+            channel = broker.channel()
+            channel.queue_delete(queue)  # both are no-ops when the name does not exist
+            channel.exchange_delete(queue)  # Celery's default exchange is named after the queue
+
+
 def broker_task_ids(queue: str, waiting_only: bool = False) -> list[str]:
     """Return the task ids of the messages waiting in ``queue``, without consuming them.
 
     Reads Redis lists directly, or kombu's SQL transport tables (which also keep delivered
     messages, marked invisible, unless ``waiting_only``), so a test can count what reached the
-    broker.
+    broker. On RabbitMQ the waiting messages are fetched with ``basic.get`` and not acknowledged,
+    so closing the channel puts them back, in order, flagged ``redelivered``; messages a
+    consumer holds unacknowledged are not seen.
     """
     url = settings.CELERY_BROKER_URL
+    if broker_is_amqp():
+        return _amqp_task_ids(url, queue)
     if url.startswith("redis://"):
         import redis
 
@@ -137,3 +171,19 @@ def broker_task_ids(queue: str, waiting_only: bool = False) -> list[str]:
     else:
         raise NotImplementedError(f"cannot peek into broker {url.split(':', 1)[0]}")
     return [json.loads(payload)["headers"]["id"] for payload in payloads]
+
+
+def _amqp_task_ids(url: str, queue: str) -> list[str]:
+    from amqp.exceptions import NotFound
+    from kombu import Connection
+
+    ids = []
+    with Connection(url, connect_timeout=5) as broker:
+        channel = broker.channel()
+        try:
+            while (message := channel.basic_get(queue, no_ack=False)) is not None:
+                ids.append(message.properties["application_headers"]["id"])
+        except NotFound:  # never declared: nothing was published to it
+            return []
+        channel.close()  # not acknowledged: requeued
+    return ids

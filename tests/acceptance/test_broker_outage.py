@@ -1,8 +1,8 @@
 """Issue 5 acceptance 4: the broker unreachable for 20 s while beat replicas run.
 
 Two real beat replicas publish through a TCP proxy (``tests.tcp_proxy``) in front of the broker
-(Redis, or the embedded PostgreSQL that kombu's SQL transport uses); the worker consumes
-directly. The proxy is cut for 20 s: open connections closed, new ones refused. Nothing may be
+(Redis, RabbitMQ, or the embedded PostgreSQL that kombu's SQL transport uses); the worker
+consumes directly. The proxy is cut for 20 s: open connections closed, new ones refused. Nothing may be
 marked dispatched during the outage, a publish failure must roll its claim back, and after the
 broker returns every due run is dispatched once, as its misfire policy says.
 """
@@ -24,7 +24,7 @@ from tests.acceptance.deployment import Deployment, drain, wait_until
 from tests.acceptance.outages import assert_misfire_policies
 from tests.tcp_proxy import TcpProxy, proxied_broker_url
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.acceptance, pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 
 OUTAGE_SECONDS = 20
 EVERY = timedelta(seconds=1)

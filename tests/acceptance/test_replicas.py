@@ -17,7 +17,7 @@ from scheduling import ledger
 from scheduling.models import Run
 from tests.acceptance.deployment import Deployment, broker_task_ids, drain, wait_until
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.acceptance, pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 
 RUN_SECONDS = 66
 

@@ -138,3 +138,21 @@ def test_a_replicas_reconcile_pass_republishes_to_the_broker_and_counts_it(make_
         Run.Status.DISPATCHED, "re-published (1 of 3): no worker started it within 300 s", 1
     )
     assert REGISTRY.get_sample_value("scheduling_runs_republished_total", labels) == before + 1
+
+
+def test_an_expired_message_is_not_republished_and_a_live_one_keeps_its_expiry(
+    make_task, recorder
+):
+    expiring = make_task(every=3600, name="expires-in-400s", expire_seconds=400)
+    gone = make_task(every=3600, name="expires-in-100s", expire_seconds=100)
+    runs = [ledger.request_run(expiring), ledger.request_run(gone)]
+    claim(recorder)
+    recorder.messages.clear()
+    for run in runs:
+        age(run, DEADLINE + timedelta(seconds=1))
+    done = ledger.redeliver(ledger.Republisher(recorder))
+    assert (done.republished, done.closed) == ([runs[0].task_id], [runs[1].task_id])
+    first = Run.objects.get(pk=runs[0].pk)
+    assert recorder.messages[0].options["expires"] == first.dispatched_at + timedelta(seconds=400)
+    assert state(runs[1]) == (Run.Status.EXPIRED, "message expired before a worker took it", 0)
+    assert runs[1].error.startswith("its message expired at ")
