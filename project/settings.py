@@ -99,10 +99,17 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / ".data" / "static"
 
-# Bounds the chaos tool and the acceptance tests shorten (seconds; scheduling.conf has defaults).
-for _name in ("IDLE_IN_TRANSACTION_TIMEOUT", "RECONCILE_INTERVAL", "WORKER_LOST_AFTER"):
+# Bounds the chaos tool and the acceptance tests shorten (seconds; scheduling.conf has defaults),
+# and the delivery settings they change: the re-publish limit and the worker-loss policy.
+for _name in (
+    "IDLE_IN_TRANSACTION_TIMEOUT", "RECONCILE_INTERVAL", "WORKER_LOST_AFTER", "DELIVERY_TIMEOUT"
+):
     if os.environ.get(f"SCHEDULING_{_name}"):
         globals()[f"SCHEDULING_{_name}"] = float(os.environ[f"SCHEDULING_{_name}"])
+if os.environ.get("SCHEDULING_REPUBLISH_LIMIT"):
+    SCHEDULING_REPUBLISH_LIMIT = int(os.environ["SCHEDULING_REPUBLISH_LIMIT"])
+if os.environ.get("SCHEDULING_WORKER_LOST_POLICY"):
+    SCHEDULING_WORKER_LOST_POLICY = os.environ["SCHEDULING_WORKER_LOST_POLICY"]
 
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 DEFAULT_FROM_EMAIL = "scheduler@example.com"
@@ -112,7 +119,9 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or embedded.sql_broker_u
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
 CELERY_BEAT_SCHEDULER = "scheduling.schedulers:LedgerScheduler"
 CELERY_TASK_ACKS_LATE = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Messages a worker process reserves ahead (Celery's default is 4); the acceptance tests raise it
+# to kill a worker holding prefetched runs.
+CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("CELERY_WORKER_PREFETCH_MULTIPLIER", "1"))
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # The worker-side duplicate guard on every task: at most one execution per run (README).

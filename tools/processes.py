@@ -160,12 +160,22 @@ class Processes:
             pass
 
     def stop(self, *names: str, timeout: float = 20.0) -> None:
-        """Stop the named processes (all when none is named): SIGTERM, then SIGKILL."""
+        """Stop the named processes (all when none is named): SIGTERM, then SIGKILL.
+
+        A worker gets SIGQUIT (Celery's cold shutdown: running tasks are cut, as SIGTERM to its
+        whole group would) on its main process only, which ends its pool processes itself. A pool
+        process signalled directly can die holding the pool's queue lock, and then the main
+        process never exits (billiard's threaded pool, which Celery uses without an event loop:
+        on kombu's SQL transport), so the stop lasted until its SIGKILL.
+        """
         targets = list(names or self.processes)
         for name in targets:
             if self.alive(name):
-                self.send(name, signal.SIGTERM)
-                self.send(name, signal.SIGCONT)  # a stopped process handles SIGTERM once woken
+                if self.kinds.get(name) == "worker":
+                    os.kill(self.processes[name].pid, signal.SIGQUIT)
+                else:
+                    self.send(name, signal.SIGTERM)
+                self.send(name, signal.SIGCONT)  # a stopped process handles the signal once woken
         deadline = time.monotonic() + timeout
         for name in targets:
             process = self.processes[name]

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 
 from scheduling import ledger
-from scheduling.models import Run
+from scheduling.models import Run, TaskPolicy
 from tests.acceptance.deployment import (
     Deployment,
     broker_task_ids,
@@ -98,6 +98,8 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_executes_once_more(tmp_
     """Acceptance 2: SIGKILL mid-task with acks_late; the broker redelivers; another worker runs it.
 
     Redis after its visibility timeout; the serviceless SQL broker (``project.broker``) likewise.
+    The task's worker-loss policy is ``recover``: under the default, ``fail``, the redelivery
+    closes the run "worker lost" instead (``test_delivery.py`` covers both).
     """
     deployment = Deployment(tmp_path, **FAST_REDELIVERY)
     try:
@@ -105,6 +107,9 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_executes_once_more(tmp_
         deployment.start_worker("worker-a", concurrency=1)
         deployment.wait_ready()
         task = _clocked(make_task, "killed", sleep=3, log_start=True)
+        TaskPolicy.objects.create(
+            periodic_task=task, worker_lost_policy=TaskPolicy.WorkerLost.RECOVER
+        )
         run = _run_in(task, Run.Status.RUNNING, timeout=60)
         assert run.worker.startswith("worker-a@")
         deployment.kill("worker-a")
