@@ -103,6 +103,11 @@ STATIC_ROOT = BASE_DIR / ".data" / "static"
 for _name in ("IDLE_IN_TRANSACTION_TIMEOUT", "RECONCILE_INTERVAL", "WORKER_LOST_AFTER"):
     if os.environ.get(f"SCHEDULING_{_name}"):
         globals()[f"SCHEDULING_{_name}"] = float(os.environ[f"SCHEDULING_{_name}"])
+# The delivery deadline and the worker-loss policy (docs/delivery.md), the same way.
+for _name, _type in (("DELIVERY_TIMEOUT", float), ("REPUBLISH_LIMIT", int),
+                     ("WORKER_LOST_POLICY", str)):
+    if os.environ.get(f"SCHEDULING_{_name}"):
+        globals()[f"SCHEDULING_{_name}"] = _type(os.environ[f"SCHEDULING_{_name}"])
 
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 DEFAULT_FROM_EMAIL = "scheduler@example.com"

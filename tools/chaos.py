@@ -276,6 +276,15 @@ class Faults:
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.busy: set[str] = set()  # dead or paused, with an undo timer pending
         self.spared = replicas[0]  # one replica is always left running
+        self.log_path = procs.workdir / "faults.log"  # one line per fault and undo, timestamped
+
+    def note(self, line: str) -> None:
+        """Append ``line`` to the faults log, stamped like Celery's log lines (local time)."""
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+        stamp += f",{int(now % 1 * 1000):03d}"
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(f"[{stamp}] {line}\n")
 
     def run_for(self, seconds: float, every: float) -> None:
         """Inject faults for ``seconds``, one every ``every`` s on average; then undo them all."""
@@ -315,6 +324,7 @@ class Faults:
             return
         kind, _, victims = self.rng.choices(choices, weights=[w for _, w, _ in choices])[0]
         victim = self.rng.choice(victims)
+        self.note(f"{kind}: {victim}")
         if "SIGKILL" in kind:
             if kind.startswith("worker"):
                 self.killed_groups.add(self.procs.processes[victim].pid)
@@ -337,6 +347,7 @@ class Faults:
         self.busy.add(victim)
 
         def release() -> None:
+            self.note(f"undo: {victim}")
             undo(victim)
             self.busy.discard(victim)
 
