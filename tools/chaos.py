@@ -51,12 +51,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tools.brokers import Broker
     from tools.processes import Processes
 
 #: Bounds the tool gives its replicas unless the environment sets them (seconds).
 ENV_DEFAULTS = {
     "SCHEDULING_WORKER_LOST_AFTER": "10",
     "SCHEDULING_RECONCILE_INTERVAL": "5",
+    # A message lost in the broker is re-published this long after its dispatch, so that its
+    # run executes within the settling time (the product's default is 5 minutes).
+    "SCHEDULING_DELIVERY_TIMEOUT": "10",
     "CELERY_BROKER_VISIBILITY_TIMEOUT": "15",
     "CELERY_BROKER_RESTORE_INTERVAL": "1",
     "CELERY_BROKER_RESTORE_THROTTLE": "1",
@@ -83,6 +87,10 @@ class Options:
     workdir: Path | None = None
     keep: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    #: Inject broker faults (queue purge, connection cut, Redis database flush; tools.brokers).
+    broker_faults: bool = True
+    #: The AMQP URL's vhost is the chaos run's own: a connection cut may close all its connections.
+    own_vhost: bool = False
 
 
 @dataclass
@@ -94,6 +102,7 @@ class Report:
     examples: list[str] = field(default_factory=list)
     lateness: list[float] = field(default_factory=list)
     faults: Counter[str] = field(default_factory=Counter)
+    policies: Counter[str] = field(default_factory=Counter)  # tasks by worker-loss policy
     slots: int = 0
 
     BREACHES = (
@@ -101,6 +110,9 @@ class Report:
         "duplicate slot rows",
         "unaccounted slots",
         "stuck runs",
+        "runs lost after dispatch",
+        "worker lost without a start",
+        "recover runs closed as worker lost",
         "off-schedule runs",
         "executions of no run",
         "closed without a reason",
@@ -130,6 +142,7 @@ class Report:
         rows += [(f"  {k}", n) for k, n in sorted(self.outcomes.items(), key=lambda i: -i[1])]
         rows += [("breaches", sum(self.breaches.values()))]
         rows += [(f"  {k}", self.breaches[k]) for k in self.BREACHES]
+        rows += [(f"tasks of worker-loss policy {k}", n) for k, n in sorted(self.policies.items())]
         rows += [("faults injected", sum(self.faults.values()))]
         rows += [(f"  {k}", n) for k, n in sorted(self.faults.items())]
         width = max(len(k) for k, _ in rows) + 2
@@ -149,11 +162,13 @@ class Report:
 
 @dataclass
 class Planted:
-    """A periodic task the run created, with its first slot (aware UTC)."""
+    """A periodic task the run created, with its first slot (aware UTC) and its worker-loss
+    policy (``fail`` or ``recover``, ``TaskPolicy.worker_lost_policy``)."""
 
     pk: int
     kind: str
     first_slot: datetime | None
+    policy: str = "fail"
 
 
 def run(options: Options, say: Callable[[str], None] = print) -> Report:
@@ -184,19 +199,31 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
             procs.start_worker(name, concurrency=options.concurrency)
         procs.wait_ready(timeout=120)
         planted = _plant(ident, options, rng)
-        say(f"{ident}: {len(planted)} periodic tasks, faults for {options.seconds:g} s")
-        faults = Faults(procs, replicas, workers, rng, _idle_timeout(env))
+        report.policies.update(p.policy for p in planted)
+        broker = _broker(ident, options, env) if options.broker_faults else None
+        say(f"{ident}: {len(planted)} periodic tasks, faults for {options.seconds:g} s; broker "
+            f"faults: {', '.join(broker.kinds) if broker else 'none'}")
+        faults = Faults(procs, replicas, workers, rng, _idle_timeout(env), broker)
         faults.run_for(options.seconds, options.fault_every)
         end = ledger.database_now()
         report.faults = faults.counts
         for name in replicas + workers:
             if not procs.alive(name):
                 report.breach("processes that died on their own", procs.tail(name, 5))
-        settle = options.settle or (_float(env, "SCHEDULING_WORKER_LOST_AFTER", 60.0)
-                                    + 2 * _float(env, "SCHEDULING_RECONCILE_INTERVAL", 60.0) + 60)
+        settle = options.settle or (
+            max(_float(env, "SCHEDULING_WORKER_LOST_AFTER", 60.0),
+                _float(env, "SCHEDULING_DELIVERY_TIMEOUT", 300.0))
+            + 2 * _float(env, "SCHEDULING_RECONCILE_INTERVAL", 60.0) + 60
+        )
         say(f"{ident}: faults stopped; settling (giving up after {settle:g} s without progress)")
         _settle(ident, end, settle)
-        check(ident, planted, end, procs.executions(), report, faults.killed_groups)
+        check(
+            ident, planted, end, procs.executions(), report, faults.killed_groups,
+            starts=procs.executions("start"), republish_limit=_republish_limit(env),
+        )
+        if report.breaches["stuck runs"] or report.breaches["runs lost after dispatch"]:
+            for line in _whereabouts(ident, end, procs, env):
+                say(line)
     finally:
         procs.stop()
         if not options.keep:
@@ -211,6 +238,29 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
 def _float(env: dict[str, str], name: str, default: float) -> float:
     value = env.get(name) or os.environ.get(name)
     return float(value) if value else default
+
+
+def _republish_limit(env: dict[str, str]) -> int:
+    from scheduling.conf import conf
+
+    return int(_float(env, "SCHEDULING_REPUBLISH_LIMIT", conf.republish_limit))
+
+
+def _broker(ident: str, options: Options, env: dict[str, str]) -> Broker:
+    """The children's broker (their CELERY_BROKER_URL), with the run's queue."""
+    import importlib
+
+    from django.conf import settings
+
+    from tools.brokers import Broker
+
+    importlib.import_module(options.app)  # registers the app's transports (project.broker)
+    return Broker(
+        env.get("CELERY_BROKER_URL") or os.environ.get("CELERY_BROKER_URL")
+        or settings.CELERY_BROKER_URL, ident,
+        transport_options=getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None),
+        own_vhost=options.own_vhost,
+    )
 
 
 def _idle_timeout(env: dict[str, str]) -> float:
@@ -231,7 +281,10 @@ def _plant(ident: str, options: Options, rng: random.Random) -> list[Planted]:
     )
 
     from scheduling import ledger, slots
+    from scheduling.models import TaskPolicy
 
+    # Worker-loss policies from a stream of their own, so they do not move the faults' draws.
+    policy_rng = random.Random(rng.getrandbits(64))
     interval, _ = IntervalSchedule.objects.get_or_create(
         every=options.every, period=IntervalSchedule.SECONDS
     )
@@ -255,8 +308,10 @@ def _plant(ident: str, options: Options, rng: random.Random) -> list[Planted]:
         task = PeriodicTask.objects.create(
             name=name, task=options.task, queue=ident, kwargs=json.dumps(kwargs), **fields
         )
+        policy = policy_rng.choice((TaskPolicy.WorkerLost.FAIL, TaskPolicy.WorkerLost.RECOVER))
+        TaskPolicy.objects.create(periodic_task=task, worker_lost_policy=policy)
         first = slots.initial_run(task, task.date_changed, last_slot=None, grace=timedelta(0))
-        planted.append(Planted(task.pk, kind, first))
+        planted.append(Planted(task.pk, kind, first, str(policy)))
     return planted
 
 
@@ -265,9 +320,10 @@ class Faults:
 
     def __init__(
         self, procs: Processes, replicas: list[str], workers: list[str], rng: random.Random,
-        idle_timeout: float,
+        idle_timeout: float, broker: Broker | None = None,
     ) -> None:
         self.procs = procs
+        self.broker = broker
         self.replicas, self.workers = replicas, workers
         self.rng = rng
         self.idle = idle_timeout
@@ -287,8 +343,13 @@ class Faults:
             handle.write(f"[{stamp}] {line}\n")
 
     def run_for(self, seconds: float, every: float) -> None:
-        """Inject faults for ``seconds``, one every ``every`` s on average; then undo them all."""
+        """Inject faults for ``seconds``, one every ``every`` s on average; then undo them all.
+
+        In the second half of the window a fault kind not injected yet goes first, so that a
+        short window still has every kind that had a victim.
+        """
         deadline = time.monotonic() + seconds
+        halfway = deadline - seconds / 2
         next_fault = time.monotonic() + self.rng.expovariate(1 / every)
         while time.monotonic() < deadline:
             now = time.monotonic()
@@ -297,7 +358,7 @@ class Faults:
                     self.timers.remove((due, undo))
                     undo()
             if now >= next_fault:
-                self.inject()
+                self.inject(new_first=now >= halfway)
                 next_fault = now + self.rng.expovariate(1 / every)
             time.sleep(0.05)
         for _, undo in sorted(self.timers, key=lambda t: t[0]):
@@ -307,8 +368,9 @@ class Faults:
     def _later(self, delay: float, undo: Callable[[], None]) -> None:
         self.timers.append((time.monotonic() + delay, undo))
 
-    def inject(self) -> None:
-        """Inject one fault, chosen by weight among those that have a free victim."""
+    def inject(self, new_first: bool = False) -> None:
+        """Inject one fault, chosen by weight among those that have a free victim (with
+        ``new_first``, among the kinds not injected yet when there are some)."""
         replicas = [r for r in self.replicas if r != self.spared and r not in self.busy]
         workers = [w for w in self.workers if w not in self.busy]
         kinds = {
@@ -319,7 +381,17 @@ class Faults:
             "worker SIGKILL + restart": (2, workers),
             "worker SIGSTOP": (1, workers),
         }
+        broker = self.broker.kinds if self.broker is not None else []
+        if "purge" in broker:
+            kinds["broker queue purged"] = (1, ["queue"])
+        if "cut" in broker:
+            alive = [name for name in self.replicas + self.workers if name not in self.busy]
+            kinds["broker connections cut"] = (2, ["all"] if self.broker.cuts_all else alive)
+        if "flush" in broker:
+            kinds["broker database flushed"] = (1, ["database"])
         choices = [(k, w, v) for k, (w, v) in kinds.items() if v]
+        if new_first and any(k not in self.counts for k, _, _ in choices):
+            choices = [(k, w, v) for k, w, v in choices if k not in self.counts]
         if not choices:
             return
         kind, _, victims = self.rng.choices(choices, weights=[w for _, w, _ in choices])[0]
@@ -339,9 +411,32 @@ class Faults:
                 pause = self.idle + self.rng.uniform(1.0, 5.0)
             self.procs.send(victim, signal.SIGSTOP)
             self._hold(victim, pause, lambda v: self.procs.send(v, signal.SIGCONT))
+        elif kind.startswith("broker"):
+            if not self._broker_fault(kind, victim):
+                return
         elif not self._terminate(victim):
             return
         self.counts[kind] += 1
+
+    def _broker_fault(self, kind: str, victim: str) -> bool:
+        """Inject broker fault ``kind`` (on ``victim``'s connections for a cut); True if done."""
+        from tools.brokers import process_group
+
+        assert self.broker is not None
+        try:
+            if kind == "broker queue purged":
+                self.note(f"  {self.broker.purge()} messages purged")
+            elif kind == "broker database flushed":
+                self.note(f"  {self.broker.flush()} keys flushed")
+            else:
+                pids = set() if victim == "all" else process_group(self.procs.processes[victim].pid)
+                cut = self.broker.cut(pids)
+                self.note(f"  {cut} connections cut")
+                return cut > 0
+        except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is no fault
+            self.note(f"  not injected: {type(exc).__name__}: {exc}")
+            return False
+        return True
 
     def _hold(self, victim: str, delay: float, undo: Callable[[str], object]) -> None:
         self.busy.add(victim)
@@ -391,26 +486,83 @@ def _settle(ident: str, end: datetime, stall: float) -> None:
     time.sleep(1.0)  # a duplicate execution, if any, would be logged by now
 
 
+def _whereabouts(
+    ident: str, end: datetime, procs: Processes, env: dict[str, str]
+) -> list[str]:
+    """Where the message of each run left unfinished is: the workers' log lines naming its task
+    id, and on Redis whether it is in the queue, in kombu's ``unacked`` hash (with the age of its
+    ``unacked_index`` entry) or nowhere, and whether kombu's restore mutex is held. Also written
+    to ``whereabouts.log`` in the logs folder."""
+    from django.conf import settings
+
+    from scheduling.models import Run
+
+    stuck = Run.objects.filter(
+        periodic_task_name__startswith=f"{ident} ", scheduled_for__lte=end, status__in=UNFINISHED
+    ).order_by("scheduled_for")
+    url = env.get("CELERY_BROKER_URL") or settings.CELERY_BROKER_URL
+    broker = None
+    if url.startswith(("redis://", "rediss://")):
+        import redis
+
+        client = redis.Redis.from_url(url)
+        queued = b"".join(client.lrange(ident, 0, -1))
+        unacked = {tag: raw for tag, raw in client.hgetall("unacked").items()}
+        since = dict(client.zrange("unacked_index", 0, -1, withscores=True))
+        broker = (client, queued, unacked, since)
+        lines = [f"broker: {len(unacked)} unacked, unacked_mutex pttl {client.pttl('unacked_mutex')}"]
+    else:
+        lines = []
+    for run in stuck:
+        lines.append(f"{run.task_id} {run.periodic_task_name} {run.scheduled_for:%H:%M:%S} "
+                     f"{run.status} dispatched_at {run.dispatched_at} by {run.claimed_by}")
+        for name, kind in procs.kinds.items():
+            path = procs.log_path(name)
+            if kind == "worker" and path.exists():
+                lines += [f"  {name}: {line}" for line in path.read_text(errors="replace")
+                          .splitlines() if run.task_id in line][:5]
+        if broker is not None:
+            client, queued, unacked, since = broker
+            key = run.task_id.encode()
+            tags = [tag for tag, raw in unacked.items() if key in raw]
+            where = ["in the queue"] if key in queued else []
+            where += [f"unacked {tag.decode()} since {since.get(tag)}" for tag in tags]
+            lines.append("  broker: " + (", ".join(where) or "nowhere (not queued, not unacked)"))
+    with open(procs.workdir / "whereabouts.log", "a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return lines
+
+
 def check(
     ident: str, planted: list[Planted], end: datetime, executions: list[dict[str, object]],
     report: Report, killed_groups: set[int] = frozenset(),  # type: ignore[assignment]
+    *, starts: list[dict[str, object]] | None = None, republish_limit: int | None = None,
 ) -> Report:
     """Account for every slot of ``planted`` up to ``end`` (aware UTC) in ``report``.
 
     Each expected slot (the task's first slot, then ``slots.next_run`` from each slot) gets one
-    outcome: "executed once" (succeeded, and its task id appears once in ``executions``), a
-    coalesced slot (inside a late run's ``slots``), or the closed status with its reason. Anything
-    else is a breach (``Report.BREACHES``). Executions of slots after ``end`` only count towards
-    duplicates and executions of no run.
+    outcome: "executed once" (succeeded, and its task id appears once in ``executions``, the
+    workers' "end" lines), a coalesced slot (inside a late run's ``slots``), or the closed status
+    with its reason. Anything else is a breach (``Report.BREACHES``). Executions of slots after
+    ``end`` only count towards duplicates and executions of no run.
 
     A run executed again because the worker executing it was SIGKILLed (``killed_groups``, the
     process groups of the killed workers, against each execution's ``pgid``) and its message was
     redelivered is not a duplicate: that is the guard's rule (docs/semantics.md). Two executions
     by workers that were not killed are.
+
+    Invariant 9 (no run lost after dispatch, docs/delivery.md): a run still ``dispatched`` is a
+    run lost after dispatch (its message lost in the broker or on a dead consumer and never
+    recovered); one re-published and executed, or closed with a reason ("not delivered"), is
+    accounted for. "Worker lost" is accepted only for a task of worker-loss policy ``fail``
+    (``Planted.policy``) whose body really started (a "start" line in ``starts``); a run of a
+    ``recover`` task closed "worker lost" before it was re-published ``republish_limit`` times
+    (``SCHEDULING_REPUBLISH_LIMIT``) is a breach.
     """
     from django_celery_beat.models import PeriodicTask
 
     from scheduling import slots
+    from scheduling.conf import conf
     from scheduling.models import Run
 
     executed = Counter(str(e["task_id"]) for e in executions)
@@ -418,6 +570,10 @@ def check(
     for task_id, n in executed.items():
         if survived[task_id] > 1:
             report.breach("duplicate executions", f"task id {task_id} executed {n} times")
+    evidence = _Evidence(
+        executed, Counter(str(e["task_id"]) for e in starts or []),
+        conf.republish_limit if republish_limit is None else republish_limit,
+    )
     runs = list(
         Run.objects.filter(periodic_task_name__startswith=f"{ident} ").order_by("scheduled_for")
     )
@@ -436,13 +592,22 @@ def check(
         while slot is not None and slot <= end:
             expected.append(slot)
             slot = None if plant.kind == "clocked" else slots.next_run(tasks[plant.pk], slot)
-        _account(expected, by_task[plant.pk], end, executed, report)
+        _account(expected, by_task[plant.pk], end, evidence, plant.policy, report)
     return report
 
 
+@dataclass(frozen=True)
+class _Evidence:
+    """What the workers logged, per task id ("end" and "start" lines), and the re-publish limit."""
+
+    executed: Counter[str]
+    started: Counter[str]
+    republish_limit: int
+
+
 def _account(
-    expected: list[datetime], runs: list[object], end: datetime, executed: Counter[str],
-    report: Report,
+    expected: list[datetime], runs: list[object], end: datetime, evidence: _Evidence,
+    policy: str, report: Report,
 ) -> None:
     rows: dict[datetime, list] = defaultdict(list)
     for run in runs:
@@ -467,15 +632,24 @@ def _account(
                 report.breach("unaccounted slots", f"{slot.isoformat()} of task {runs[:1]}")
             continue
         covered = max(covered, live[0].slots - 1)
-        report.outcomes[_outcome(live[0], executed, report)] += 1
+        report.outcomes[_outcome(live[0], evidence, policy, report)] += 1
     for slot, extra in rows.items():
         if slot <= end and any(r.status != "cancelled" for r in extra):
             report.breach("off-schedule runs", str(extra[0]))
 
 
-def _outcome(run: object, executed: Counter[str], report: Report) -> str:
+def _outcome(run: object, evidence: _Evidence, policy: str, report: Report) -> str:
     """The outcome label of one run, recording a breach when it is not accounted for."""
-    status, reason, times = run.status, run.reason, executed[run.task_id]  # type: ignore
+    from scheduling.models import Run
+
+    status, reason = run.status, run.reason  # type: ignore[attr-defined]
+    times = evidence.executed[run.task_id]  # type: ignore[attr-defined]
+    starts = evidence.started[run.task_id]  # type: ignore[attr-defined]
+    republished = run.republished  # type: ignore[attr-defined]
+    if status == "dispatched":
+        report.breach("runs lost after dispatch", f"{run} task id {run.task_id} "  # type: ignore
+                      f"(re-published {republished}x; {reason or 'no reason'})")
+        return "lost after dispatch"
     if status in UNFINISHED:
         report.breach("stuck runs", f"{run} ({reason or 'no reason'})")
         return f"stuck {status}"
@@ -484,7 +658,20 @@ def _outcome(run: object, executed: Counter[str], report: Report) -> str:
             report.breach("unaccounted slots", f"{run}: succeeded, not in the execution log")
         if times > 1:
             return "executed again: its worker was killed, the message redelivered"
+        if starts > 1:
+            return f"executed once more after its worker was lost mid-body ({policy})"
+        if republished:
+            return "executed once, after a re-publish"
         return "executed once" if run.slots == 1 else "executed once, coalescing a misfire"
+    if status == "failed" and reason == Run.Reason.WORKER_LOST:
+        if policy == "recover" and republished < evidence.republish_limit:
+            report.breach("recover runs closed as worker lost", f"{run} task id "
+                          f"{run.task_id} (re-published {republished}x of "  # type: ignore
+                          f"{evidence.republish_limit})")
+        elif starts == 0:
+            report.breach("worker lost without a start", f"{run} task id "
+                          f"{run.task_id} ({policy}): its body never began")  # type: ignore
+        return f"failed: worker lost ({policy}), executed {times}x"
     if status == "failed" and (reason or run.error):  # type: ignore[attr-defined]
         return f"failed: {reason or 'task error'}, executed {times}x"
     if status != "failed" and times == 0 and reason:
@@ -532,6 +719,11 @@ def main(argv: list[str] | None = None) -> int:
                         "project.tasks.record")
     parser.add_argument("--workdir", type=Path, default=None, help="folder for logs")
     parser.add_argument("--keep", action="store_true", help="keep the tasks and runs")
+    parser.add_argument("--no-broker-faults", action="store_true",
+                        help="no queue purge, connection cut or Redis database flush")
+    parser.add_argument("--own-vhost", action="store_true",
+                        help="the AMQP URL's vhost is this run's own: a connection cut may close "
+                        "every connection on it (rabbitmqctl close_all_connections)")
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else 60 * (args.minutes or 10)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
@@ -545,6 +737,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=seconds, replicas=args.replicas, workers=args.workers, tasks=args.tasks,
         every=args.every, seed=seed, concurrency=args.concurrency, fault_every=args.fault_every,
         settle=args.settle, app=args.app, task=args.task, workdir=args.workdir, keep=args.keep,
+        broker_faults=not args.no_broker_faults, own_vhost=args.own_vhost,
     )
     report = run(options, say=lambda line: print(line, flush=True))
     print(report.table(), flush=True)
