@@ -9,26 +9,32 @@ queue of its own, and:
 1. starts ``--replicas`` ``celery beat`` replicas with ``LedgerScheduler`` and ``--workers``
    workers (``tools.processes``);
 2. creates ``--tasks`` periodic tasks named ``chaos-<id> ...`` running ``--task`` (default
-   ``project.tasks.record``, which appends one JSON line per execution to the file named by
-   ``SCHEDULING_EXECUTION_LOG``): 80 % every ``--every`` seconds (10), 10 % ``* * * * *``,
-   10 % clocked one-offs inside the window (these two kinds run 2 s each);
+   ``project.tasks.record``, which appends one JSON line per execution, and one when its body
+   starts, to the file named by ``SCHEDULING_EXECUTION_LOG``): 80 % every ``--every`` seconds
+   (10), 10 % ``* * * * *``, 10 % clocked one-offs inside the window (these two kinds run 2 s
+   each); each gets worker-loss policy ``fail`` or ``recover`` (seeded);
 3. for the window, at seeded random moments: SIGKILLs replicas and workers and restarts them,
    SIGSTOPs replicas for less and for more than ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT`` and
    workers for a few seconds, and ends replicas' database sessions with ``pg_terminate_backend``
    (found by ``application_name``, ``scheduling.ledger.application_name``); one replica is always
-   left alone;
+   left alone. In the broker (``tools.brokers``): purges the run's queue, cuts one process's
+   broker connections, and on Redis flushes the database the URL names. Each fault is logged in
+   ``faults.log``;
 4. stops the faults, waits for every run of the window to finish, and checks every slot of every
    task from its first slot to the end of the window (``check``): each slot either executed once
    (the worker's log, not the ledger), or is recorded with its reason (a coalesced misfire,
-   missed, skipped, cancelled, expired, or failed with a reason such as "worker lost");
+   missed, skipped, cancelled, expired, or failed with a reason such as "not delivered");
 5. prints the summary table, deletes its tasks and their runs, and exits 1 on any breach:
    a duplicate execution or slot row, an unaccounted or off-schedule slot, a run still pending,
-   dispatched, running or retrying, an execution of no run, or a closed run without its reason.
+   running or retrying, a run still dispatched (lost after dispatch), "worker lost" on a run
+   whose body never started or of a ``recover`` task with re-publishes left, an execution of no
+   run, or a closed run without its reason.
 
 The example project reads ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT``, ``SCHEDULING_RECONCILE_
-INTERVAL`` and ``SCHEDULING_WORKER_LOST_AFTER`` from the environment; the tool sets the last two
-to 10 s and 5 s for its replicas unless they are set, so a killed worker's run is closed
-within the settling time.
+INTERVAL``, ``SCHEDULING_WORKER_LOST_AFTER`` and ``SCHEDULING_DELIVERY_TIMEOUT`` from the
+environment; the tool sets the last three to 5 s, 10 s and 10 s for its children unless they are
+set (``ENV_DEFAULTS``), so a killed worker's run is closed, and a message lost in the broker
+re-published, within the settling time.
 """
 
 from __future__ import annotations
