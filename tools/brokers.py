@@ -124,6 +124,53 @@ class Broker:
             client.close()
         return keys
 
+    def locate(self, task_ids: list[str]) -> tuple[str, dict[str, str]]:
+        """Where the broker holds the messages of ``task_ids``: a summary line and, per task id,
+        a description (Redis: in the queue, in kombu's ``unacked`` hash, or nowhere; the SQL
+        broker: its rows and their state). Empty for brokers that cannot be looked into."""
+        if self.transport == "redis":
+            return self._locate_redis(task_ids)
+        if self.transport == "sql":
+            return self._locate_sql(task_ids)
+        return "", {}
+
+    def _locate_redis(self, task_ids: list[str]) -> tuple[str, dict[str, str]]:
+        client = self._redis()
+        try:
+            queued = b"".join(client.lrange(self.queue, 0, -1))
+            unacked = client.hgetall("unacked")
+            since = dict(client.zrange("unacked_index", 0, -1, withscores=True))
+            mutex = client.pttl("unacked_mutex")
+        finally:
+            client.close()
+        found = {}
+        for task_id in task_ids:
+            key = task_id.encode()
+            where = ["in the queue"] if key in queued else []
+            where += [f"unacked {tag.decode()} since {since.get(tag)}"
+                      for tag, raw in unacked.items() if key in raw]
+            found[task_id] = ", ".join(where) or "nowhere (not queued, not unacked)"
+        return f"broker: {len(unacked)} unacked, unacked_mutex pttl {mutex} ms", found
+
+    def _locate_sql(self, task_ids: list[str]) -> tuple[str, dict[str, str]]:
+        import psycopg
+
+        found = {}
+        with psycopg.connect(_libpq_url(self.url), autocommit=True) as connection:
+            for task_id in task_ids:
+                rows = connection.execute(
+                    "SELECT m.id, m.visible, m.timestamp FROM kombu_message m"
+                    " JOIN kombu_queue q ON q.id = m.queue_id"
+                    " WHERE q.name = %s AND strpos(m.payload, %s) > 0 ORDER BY m.id",
+                    [self.queue, task_id],
+                ).fetchall()
+                found[task_id] = "; ".join(
+                    f"row {pk} " + ("waiting" if visible else
+                                    f"delivered at {at}, unacked" if at else "acknowledged")
+                    for pk, visible, at in rows
+                ) or "nowhere (no row)"
+        return "", found
+
     def _redis(self) -> Any:
         import redis
 

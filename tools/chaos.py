@@ -226,6 +226,7 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
         check(
             ident, planted, end, procs.executions(), report, faults.killed_groups,
             starts=procs.executions("start"), republish_limit=_republish_limit(env),
+            kills=faults.kills,
         )
         if report.breaches["stuck runs"] or report.breaches["runs lost after dispatch"]:
             for line in _whereabouts(ident, end, procs, env):
@@ -335,6 +336,7 @@ class Faults:
         self.idle = idle_timeout
         self.counts: Counter[str] = Counter()
         self.killed_groups: set[int] = set()  # process groups of the workers SIGKILLed
+        self.kills: list[tuple[str, datetime]] = []  # (worker, database time just before)
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.busy: set[str] = set()  # dead or paused, with an undo timer pending
         self.spared = replicas[0]  # one replica is always left running
@@ -390,9 +392,13 @@ class Faults:
         broker = self.broker.kinds if self.broker is not None else []
         if "purge" in broker:
             kinds["broker queue purged"] = (1, ["queue"])
-        if "cut" in broker:
-            alive = [name for name in self.replicas + self.workers if name not in self.busy]
-            kinds["broker connections cut"] = (2, ["all"] if self.broker.cuts_all else alive)
+        if "cut" in broker and self.broker.cuts_all:
+            kinds["broker connections cut"] = (2, ["all"])
+        elif "cut" in broker:
+            kinds["broker connections of a replica cut"] = (
+                1, [r for r in self.replicas if r not in self.busy]
+            )
+            kinds["broker connections of a worker cut"] = (1, workers)
         if "flush" in broker:
             kinds["broker database flushed"] = (1, ["database"])
         choices = [(k, w, v) for k, (w, v) in kinds.items() if v]
@@ -405,7 +411,10 @@ class Faults:
         self.note(f"{kind}: {victim}")
         if "SIGKILL" in kind:
             if kind.startswith("worker"):
+                from scheduling.ledger import database_now
+
                 self.killed_groups.add(self.procs.processes[victim].pid)
+                self.kills.append((victim, database_now()))
             self.procs.kill(victim)
             self._hold(victim, self.rng.uniform(0.5, 3.0), self.procs.restart)
         elif "SIGSTOP" in kind:
@@ -496,44 +505,33 @@ def _whereabouts(
     ident: str, end: datetime, procs: Processes, env: dict[str, str]
 ) -> list[str]:
     """Where the message of each run left unfinished is: the workers' log lines naming its task
-    id, and on Redis whether it is in the queue, in kombu's ``unacked`` hash (with the age of its
-    ``unacked_index`` entry) or nowhere, and whether kombu's restore mutex is held. Also written
-    to ``whereabouts.log`` in the logs folder."""
+    id, and what the broker holds of it (``Broker.locate``). Also written to ``whereabouts.log``
+    in the logs folder."""
     from django.conf import settings
 
     from scheduling.models import Run
+    from tools.brokers import Broker
 
-    stuck = Run.objects.filter(
+    stuck = list(Run.objects.filter(
         periodic_task_name__startswith=f"{ident} ", scheduled_for__lte=end, status__in=UNFINISHED
-    ).order_by("scheduled_for")
+    ).order_by("scheduled_for"))
     url = env.get("CELERY_BROKER_URL") or settings.CELERY_BROKER_URL
-    broker = None
-    if url.startswith(("redis://", "rediss://")):
-        import redis
-
-        client = redis.Redis.from_url(url)
-        queued = b"".join(client.lrange(ident, 0, -1))
-        unacked = {tag: raw for tag, raw in client.hgetall("unacked").items()}
-        since = dict(client.zrange("unacked_index", 0, -1, withscores=True))
-        broker = (client, queued, unacked, since)
-        lines = [f"broker: {len(unacked)} unacked, unacked_mutex pttl {client.pttl('unacked_mutex')}"]
-    else:
-        lines = []
+    try:
+        summary, found = Broker(url, ident).locate([run.task_id for run in stuck])
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: the broker may be the problem
+        summary, found = f"broker: cannot look ({type(exc).__name__}: {exc})", {}
+    lines = [summary] if summary else []
     for run in stuck:
         lines.append(f"{run.task_id} {run.periodic_task_name} {run.scheduled_for:%H:%M:%S} "
-                     f"{run.status} dispatched_at {run.dispatched_at} by {run.claimed_by}")
+                     f"{run.status} dispatched_at {run.dispatched_at} by {run.claimed_by}, "
+                     f"re-published {run.republished}x")
         for name, kind in procs.kinds.items():
             path = procs.log_path(name)
             if kind == "worker" and path.exists():
                 lines += [f"  {name}: {line}" for line in path.read_text(errors="replace")
                           .splitlines() if run.task_id in line][:5]
-        if broker is not None:
-            client, queued, unacked, since = broker
-            key = run.task_id.encode()
-            tags = [tag for tag, raw in unacked.items() if key in raw]
-            where = ["in the queue"] if key in queued else []
-            where += [f"unacked {tag.decode()} since {since.get(tag)}" for tag in tags]
-            lines.append("  broker: " + (", ".join(where) or "nowhere (not queued, not unacked)"))
+        if run.task_id in found:
+            lines.append(f"  broker: {found[run.task_id]}")
     with open(procs.workdir / "whereabouts.log", "a", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
     return lines
@@ -543,6 +541,7 @@ def check(
     ident: str, planted: list[Planted], end: datetime, executions: list[dict[str, object]],
     report: Report, killed_groups: set[int] = frozenset(),  # type: ignore[assignment]
     *, starts: list[dict[str, object]] | None = None, republish_limit: int | None = None,
+    kills: list[tuple[str, datetime]] = (),  # type: ignore[assignment]
 ) -> Report:
     """Account for every slot of ``planted`` up to ``end`` (aware UTC) in ``report``.
 
@@ -564,6 +563,13 @@ def check(
     (``Planted.policy``) whose body really started (a "start" line in ``starts``); a run of a
     ``recover`` task closed "worker lost" before it was re-published ``republish_limit`` times
     (``SCHEDULING_REPUBLISH_LIMIT``) is a breach.
+
+    The one exception: a ``fail`` run the guard had started (``started_at``) whose worker was
+    SIGKILLed (``kills``: worker name and database time of each kill) within ``BODY_GAP`` after,
+    before the body's first line was written. The guard's start is the last step before the
+    body (Celery calls the body right after ``before_start``), so a death in between cannot be
+    told from a death in the body's first statements by anything but the task's own log, and the
+    product treats it as lost mid-body; it is counted as its own outcome, not a breach.
     """
     from django_celery_beat.models import PeriodicTask
 
@@ -576,9 +582,12 @@ def check(
     for task_id, n in executed.items():
         if survived[task_id] > 1:
             report.breach("duplicate executions", f"task id {task_id} executed {n} times")
+    killed: dict[str, list[datetime]] = defaultdict(list)
+    for worker, when in kills:
+        killed[worker].append(when)
     evidence = _Evidence(
         executed, Counter(str(e["task_id"]) for e in starts or []),
-        conf.republish_limit if republish_limit is None else republish_limit,
+        conf.republish_limit if republish_limit is None else republish_limit, killed,
     )
     runs = list(
         Run.objects.filter(periodic_task_name__startswith=f"{ident} ").order_by("scheduled_for")
@@ -602,13 +611,29 @@ def check(
     return report
 
 
+#: Longest time between the guard's start of a run and its worker's SIGKILL for which a missing
+#: start line is taken to be the gap before the body's first line (see ``check``): that gap is
+#: the guard's COMMIT reply and a few statements, which a busy machine stretches to milliseconds.
+BODY_GAP = timedelta(seconds=2)
+
+
 @dataclass(frozen=True)
 class _Evidence:
-    """What the workers logged, per task id ("end" and "start" lines), and the re-publish limit."""
+    """What the workers logged, per task id ("end" and "start" lines), the re-publish limit, and
+    when each worker was SIGKILLed (database clock)."""
 
     executed: Counter[str]
     started: Counter[str]
     republish_limit: int
+    kills: dict[str, list[datetime]] = field(default_factory=dict)
+
+    def killed_before_its_body(self, run: object) -> bool:
+        """Whether the worker that started ``run`` was SIGKILLed within BODY_GAP after the start."""
+        started = run.started_at  # type: ignore[attr-defined]
+        worker = (run.worker or "").split("@")[0]  # type: ignore[attr-defined]
+        return started is not None and any(
+            timedelta(0) <= when - started <= BODY_GAP for when in self.kills.get(worker, ())
+        )
 
 
 def _account(
@@ -674,6 +699,8 @@ def _outcome(run: object, evidence: _Evidence, policy: str, report: Report) -> s
             report.breach("recover runs closed as worker lost", f"{run} task id "
                           f"{run.task_id} (re-published {republished}x of "  # type: ignore
                           f"{evidence.republish_limit})")
+        elif starts == 0 and evidence.killed_before_its_body(run):
+            return f"failed: worker lost, killed before its body's first line ({policy})"
         elif starts == 0:
             report.breach("worker lost without a start", f"{run} task id "
                           f"{run.task_id} ({policy}): its body never began")  # type: ignore

@@ -38,10 +38,11 @@ def _log(task_id: str, pgid: int = 1, phase: str = "end") -> dict[str, object]:
     return {"task_id": task_id, "pgid": pgid, "phase": phase}
 
 
-def _check(plants, end, executions, starts=(), killed_groups=frozenset()) -> chaos.Report:
+def _check(plants, end, executions, starts=(), killed_groups=frozenset(), kills=()):
     return chaos.check(
         IDENT, plants, end, executions, chaos.Report(), killed_groups=set(killed_groups),
         starts=[_log(task_id, phase="start") for task_id in starts], republish_limit=LIMIT,
+        kills=list(kills),
     )
 
 
@@ -130,6 +131,29 @@ def test_worker_lost_is_accepted_only_for_fail_tasks_whose_body_started(make_tas
     assert _breaches(report) == {"worker lost without a start": 1}
     assert report.outcomes["failed: worker lost (fail), executed 0x"] == 2
     assert "never-began" in "\n".join(report.examples)
+
+
+def test_a_worker_killed_between_the_guards_start_and_the_bodys_first_line(make_task):
+    """The guard's start is the last step before the body: a SIGKILL of that worker right after
+    it (no start line yet) is the one "worker lost" without a start that is accounted for."""
+    task, plant = _plant(make_task, 0, "fail")
+    s = [plant.first_slot + timedelta(seconds=n) for n in range(3)]
+    t = plant.first_slot + timedelta(minutes=1)
+    started = {"gap": t, "late-kill": t - chaos.BODY_GAP - timedelta(seconds=1), "other-worker": t}
+    for n, (task_id, at) in enumerate(started.items()):
+        _run(task, s[n], task_id, status="failed", reason="worker lost", executions=1,
+             started_at=at, worker=f"{IDENT}-worker-{1 if n < 2 else 2}@host")
+    # worker-1 killed 40 ms after the guard started "gap" (and long after "late-kill" began);
+    # worker-3, not "other-worker"'s worker-2, killed 10 ms after.
+    kills = [(f"{IDENT}-worker-1", t + timedelta(milliseconds=40)),
+             (f"{IDENT}-worker-3", t + timedelta(milliseconds=10))]
+
+    report = _check([plant], s[2], [], kills=kills)
+
+    assert report.outcomes["failed: worker lost, killed before its body's first line (fail)"] == 1
+    assert _breaches(report) == {"worker lost without a start": 2}
+    examples = "\n".join(report.examples)
+    assert "late-kill" in examples and "other-worker" in examples and "task id gap" not in examples
 
 
 def test_a_recover_task_closed_as_worker_lost_before_its_republishes_ran_out_is_a_breach(
