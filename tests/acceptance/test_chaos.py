@@ -48,7 +48,11 @@ def test_bounded_chaos_run_loses_and_doubles_nothing(tmp_path):
     assert (report.duplicates, report.unaccounted) == (0, 0)
     assert sum(report.outcomes.values()) == report.slots
     assert report.slots >= 600  # 32 tasks every 2 s and 4 every minute, for a minute
-    assert report.outcomes["executed once"] >= report.slots // 2
+    # Executed once, on its first message or (a message lost, or a queue deeper than the 10 s
+    # deadline: the SQL broker's two workers can fall behind on a busy machine) after a re-publish.
+    executed_once = report.outcomes["executed once"]
+    executed_once += report.outcomes["executed once, after a re-publish"]
+    assert executed_once >= report.slots // 2
     assert sum(report.faults.values()) >= 10
     assert {kind.split()[0] for kind in report.faults} == {"replica", "worker", "broker"}
     # What the suite's broker can take: Redis all, the SQL broker no flush, RabbitMQ on a shared
