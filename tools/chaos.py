@@ -235,11 +235,21 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
         procs.stop()
         if not options.keep:
             _clean(ident, runs=report.ok)
+            say(f"{ident}: {_drain(ident, options, env)}")
             if options.workdir is None and report.ok:
                 shutil.rmtree(workdir, ignore_errors=True)
         if not report.ok:
             say(f"{ident}: logs kept in {procs.workdir}; runs kept in the ledger")
     return report
+
+
+def _drain(ident: str, options: Options, env: dict[str, str]) -> str:
+    """Empty the run's queue once its processes are stopped: re-published copies of runs that
+    had executed are left in it, and on the SQL broker they stay in its table for good."""
+    try:
+        return f"{_broker(ident, options, env).purge()} messages left in its queue, purged"
+    except Exception as exc:  # noqa: BLE001 - cleanup only: the broker may be what failed
+        return f"its queue could not be purged: {type(exc).__name__}: {exc}"
 
 
 def _float(env: dict[str, str], name: str, default: float) -> float:
