@@ -18,6 +18,7 @@ stream of new messages cannot starve a redelivery. Delivered rows are kept (``vi
 
 from __future__ import annotations
 
+import os
 from queue import Empty
 from typing import Any
 
@@ -29,6 +30,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError
 
 ALIAS = "sqlpoll"
+#: ``application_name`` of the broker's PostgreSQL sessions, followed by ``:<pid>``.
+APPLICATION_NAME = "kombu-sqlpoll"
 #: Transport options this module reads; the others go to ``create_engine`` as kombu does.
 OWN_OPTIONS = ("visibility_timeout",)
 #: Property of a delivered message naming its row, so that the acknowledgement can find it.
@@ -51,7 +54,11 @@ class Channel(SQLChannel):
                          "errback", "max_retries", "interval_start", "interval_step",
                          "interval_max", "retry_errors")
         }
-        return create_engine(client.hostname, **options)
+        # Each process's broker sessions are named, so pg_stat_activity tells them apart from the
+        # application's (and the chaos tool can cut one process's: tools/brokers.py).
+        connect_args = dict(options.pop("connect_args", None) or {})
+        connect_args.setdefault("application_name", f"{APPLICATION_NAME}:{os.getpid()}")
+        return create_engine(client.hostname, connect_args=connect_args, **options)
 
     def _get_or_create(self, queue: str) -> Any:
         """kombu's, but a queue row created meanwhile by another consumer is found, not fatal.

@@ -9,26 +9,32 @@ queue of its own, and:
 1. starts ``--replicas`` ``celery beat`` replicas with ``LedgerScheduler`` and ``--workers``
    workers (``tools.processes``);
 2. creates ``--tasks`` periodic tasks named ``chaos-<id> ...`` running ``--task`` (default
-   ``project.tasks.record``, which appends one JSON line per execution to the file named by
-   ``SCHEDULING_EXECUTION_LOG``): 80 % every ``--every`` seconds (10), 10 % ``* * * * *``,
-   10 % clocked one-offs inside the window (these two kinds run 2 s each);
+   ``project.tasks.record``, which appends one JSON line per execution, and one when its body
+   starts, to the file named by ``SCHEDULING_EXECUTION_LOG``): 80 % every ``--every`` seconds
+   (10), 10 % ``* * * * *``, 10 % clocked one-offs inside the window (these two kinds run 2 s
+   each); each gets worker-loss policy ``fail`` or ``recover`` (seeded);
 3. for the window, at seeded random moments: SIGKILLs replicas and workers and restarts them,
    SIGSTOPs replicas for less and for more than ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT`` and
    workers for a few seconds, and ends replicas' database sessions with ``pg_terminate_backend``
    (found by ``application_name``, ``scheduling.ledger.application_name``); one replica is always
-   left alone;
+   left alone. In the broker (``tools.brokers``): purges the run's queue, cuts one process's
+   broker connections, and on Redis flushes the database the URL names. Each fault is logged in
+   ``faults.log``;
 4. stops the faults, waits for every run of the window to finish, and checks every slot of every
    task from its first slot to the end of the window (``check``): each slot either executed once
    (the worker's log, not the ledger), or is recorded with its reason (a coalesced misfire,
-   missed, skipped, cancelled, expired, or failed with a reason such as "worker lost");
+   missed, skipped, cancelled, expired, or failed with a reason such as "not delivered");
 5. prints the summary table, deletes its tasks and their runs, and exits 1 on any breach:
    a duplicate execution or slot row, an unaccounted or off-schedule slot, a run still pending,
-   dispatched, running or retrying, an execution of no run, or a closed run without its reason.
+   running or retrying, a run still dispatched (lost after dispatch), "worker lost" on a run
+   whose body never started or of a ``recover`` task with re-publishes left, an execution of no
+   run, or a closed run without its reason.
 
 The example project reads ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT``, ``SCHEDULING_RECONCILE_
-INTERVAL`` and ``SCHEDULING_WORKER_LOST_AFTER`` from the environment; the tool sets the last two
-to 10 s and 5 s for its replicas unless they are set, so a killed worker's run is closed
-within the settling time.
+INTERVAL``, ``SCHEDULING_WORKER_LOST_AFTER`` and ``SCHEDULING_DELIVERY_TIMEOUT`` from the
+environment; the tool sets the last three to 5 s, 10 s and 10 s for its children unless they are
+set (``ENV_DEFAULTS``), so a killed worker's run is closed, and a message lost in the broker
+re-published, within the settling time.
 """
 
 from __future__ import annotations
@@ -51,12 +57,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tools.brokers import Broker
     from tools.processes import Processes
 
 #: Bounds the tool gives its replicas unless the environment sets them (seconds).
 ENV_DEFAULTS = {
     "SCHEDULING_WORKER_LOST_AFTER": "10",
     "SCHEDULING_RECONCILE_INTERVAL": "5",
+    # A message lost in the broker is re-published this long after its dispatch, so that its
+    # run executes within the settling time (the product's default is 5 minutes).
+    "SCHEDULING_DELIVERY_TIMEOUT": "10",
     "CELERY_BROKER_VISIBILITY_TIMEOUT": "15",
     "CELERY_BROKER_RESTORE_INTERVAL": "1",
     "CELERY_BROKER_RESTORE_THROTTLE": "1",
@@ -83,6 +93,10 @@ class Options:
     workdir: Path | None = None
     keep: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    #: Inject broker faults (queue purge, connection cut, Redis database flush; tools.brokers).
+    broker_faults: bool = True
+    #: The AMQP URL's vhost is the chaos run's own: a connection cut may close all its connections.
+    own_vhost: bool = False
 
 
 @dataclass
@@ -94,6 +108,7 @@ class Report:
     examples: list[str] = field(default_factory=list)
     lateness: list[float] = field(default_factory=list)
     faults: Counter[str] = field(default_factory=Counter)
+    policies: Counter[str] = field(default_factory=Counter)  # tasks by worker-loss policy
     slots: int = 0
 
     BREACHES = (
@@ -101,6 +116,9 @@ class Report:
         "duplicate slot rows",
         "unaccounted slots",
         "stuck runs",
+        "runs lost after dispatch",
+        "worker lost without a start",
+        "recover runs closed as worker lost",
         "off-schedule runs",
         "executions of no run",
         "closed without a reason",
@@ -130,6 +148,7 @@ class Report:
         rows += [(f"  {k}", n) for k, n in sorted(self.outcomes.items(), key=lambda i: -i[1])]
         rows += [("breaches", sum(self.breaches.values()))]
         rows += [(f"  {k}", self.breaches[k]) for k in self.BREACHES]
+        rows += [(f"tasks of worker-loss policy {k}", n) for k, n in sorted(self.policies.items())]
         rows += [("faults injected", sum(self.faults.values()))]
         rows += [(f"  {k}", n) for k, n in sorted(self.faults.items())]
         width = max(len(k) for k, _ in rows) + 2
@@ -149,11 +168,13 @@ class Report:
 
 @dataclass
 class Planted:
-    """A periodic task the run created, with its first slot (aware UTC)."""
+    """A periodic task the run created, with its first slot (aware UTC) and its worker-loss
+    policy (``fail`` or ``recover``, ``TaskPolicy.worker_lost_policy``)."""
 
     pk: int
     kind: str
     first_slot: datetime | None
+    policy: str = "fail"
 
 
 def run(options: Options, say: Callable[[str], None] = print) -> Report:
@@ -184,23 +205,37 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
             procs.start_worker(name, concurrency=options.concurrency)
         procs.wait_ready(timeout=120)
         planted = _plant(ident, options, rng)
-        say(f"{ident}: {len(planted)} periodic tasks, faults for {options.seconds:g} s")
-        faults = Faults(procs, replicas, workers, rng, _idle_timeout(env))
+        report.policies.update(p.policy for p in planted)
+        broker = _broker(ident, options, env) if options.broker_faults else None
+        say(f"{ident}: {len(planted)} periodic tasks, faults for {options.seconds:g} s; broker "
+            f"faults: {', '.join(broker.kinds) if broker else 'none'}")
+        faults = Faults(procs, replicas, workers, rng, _idle_timeout(env), broker)
         faults.run_for(options.seconds, options.fault_every)
         end = ledger.database_now()
         report.faults = faults.counts
         for name in replicas + workers:
             if not procs.alive(name):
                 report.breach("processes that died on their own", procs.tail(name, 5))
-        settle = options.settle or (_float(env, "SCHEDULING_WORKER_LOST_AFTER", 60.0)
-                                    + 2 * _float(env, "SCHEDULING_RECONCILE_INTERVAL", 60.0) + 60)
+        settle = options.settle or (
+            max(_float(env, "SCHEDULING_WORKER_LOST_AFTER", 60.0),
+                _float(env, "SCHEDULING_DELIVERY_TIMEOUT", 300.0))
+            + 2 * _float(env, "SCHEDULING_RECONCILE_INTERVAL", 60.0) + 60
+        )
         say(f"{ident}: faults stopped; settling (giving up after {settle:g} s without progress)")
         _settle(ident, end, settle)
-        check(ident, planted, end, procs.executions(), report, faults.killed_groups)
+        check(
+            ident, planted, end, procs.executions(), report, faults.killed_groups,
+            starts=procs.executions("start"), republish_limit=_republish_limit(env),
+            kills=faults.kills,
+        )
+        if report.breaches["stuck runs"] or report.breaches["runs lost after dispatch"]:
+            for line in _whereabouts(ident, end, procs, env):
+                say(line)
     finally:
         procs.stop()
         if not options.keep:
             _clean(ident, runs=report.ok)
+            say(f"{ident}: {_drain(ident, options, env)}")
             if options.workdir is None and report.ok:
                 shutil.rmtree(workdir, ignore_errors=True)
         if not report.ok:
@@ -208,9 +243,41 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
     return report
 
 
+def _drain(ident: str, options: Options, env: dict[str, str]) -> str:
+    """Empty the run's queue once its processes are stopped: re-published copies of runs that
+    had executed are left in it, and on the SQL broker they stay in its table for good."""
+    try:
+        return f"{_broker(ident, options, env).purge()} messages left in its queue, purged"
+    except Exception as exc:  # noqa: BLE001 - cleanup only: the broker may be what failed
+        return f"its queue could not be purged: {type(exc).__name__}: {exc}"
+
+
 def _float(env: dict[str, str], name: str, default: float) -> float:
     value = env.get(name) or os.environ.get(name)
     return float(value) if value else default
+
+
+def _republish_limit(env: dict[str, str]) -> int:
+    from scheduling.conf import conf
+
+    return int(_float(env, "SCHEDULING_REPUBLISH_LIMIT", conf.republish_limit))
+
+
+def _broker(ident: str, options: Options, env: dict[str, str]) -> Broker:
+    """The children's broker (their CELERY_BROKER_URL), with the run's queue."""
+    import importlib
+
+    from django.conf import settings
+
+    from tools.brokers import Broker
+
+    importlib.import_module(options.app)  # registers the app's transports (project.broker)
+    return Broker(
+        env.get("CELERY_BROKER_URL") or os.environ.get("CELERY_BROKER_URL")
+        or settings.CELERY_BROKER_URL, ident,
+        transport_options=getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None),
+        own_vhost=options.own_vhost,
+    )
 
 
 def _idle_timeout(env: dict[str, str]) -> float:
@@ -231,7 +298,10 @@ def _plant(ident: str, options: Options, rng: random.Random) -> list[Planted]:
     )
 
     from scheduling import ledger, slots
+    from scheduling.models import TaskPolicy
 
+    # Worker-loss policies from a stream of their own, so they do not move the faults' draws.
+    policy_rng = random.Random(rng.getrandbits(64))
     interval, _ = IntervalSchedule.objects.get_or_create(
         every=options.every, period=IntervalSchedule.SECONDS
     )
@@ -255,8 +325,10 @@ def _plant(ident: str, options: Options, rng: random.Random) -> list[Planted]:
         task = PeriodicTask.objects.create(
             name=name, task=options.task, queue=ident, kwargs=json.dumps(kwargs), **fields
         )
+        policy = policy_rng.choice((TaskPolicy.WorkerLost.FAIL, TaskPolicy.WorkerLost.RECOVER))
+        TaskPolicy.objects.create(periodic_task=task, worker_lost_policy=policy)
         first = slots.initial_run(task, task.date_changed, last_slot=None, grace=timedelta(0))
-        planted.append(Planted(task.pk, kind, first))
+        planted.append(Planted(task.pk, kind, first, str(policy)))
     return planted
 
 
@@ -265,21 +337,37 @@ class Faults:
 
     def __init__(
         self, procs: Processes, replicas: list[str], workers: list[str], rng: random.Random,
-        idle_timeout: float,
+        idle_timeout: float, broker: Broker | None = None,
     ) -> None:
         self.procs = procs
+        self.broker = broker
         self.replicas, self.workers = replicas, workers
         self.rng = rng
         self.idle = idle_timeout
         self.counts: Counter[str] = Counter()
         self.killed_groups: set[int] = set()  # process groups of the workers SIGKILLed
+        self.kills: list[tuple[str, datetime]] = []  # (worker, database time just before)
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.busy: set[str] = set()  # dead or paused, with an undo timer pending
         self.spared = replicas[0]  # one replica is always left running
+        self.log_path = procs.workdir / "faults.log"  # one line per fault and undo, timestamped
+
+    def note(self, line: str) -> None:
+        """Append ``line`` to the faults log, stamped like Celery's log lines (local time)."""
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+        stamp += f",{int(now % 1 * 1000):03d}"
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(f"[{stamp}] {line}\n")
 
     def run_for(self, seconds: float, every: float) -> None:
-        """Inject faults for ``seconds``, one every ``every`` s on average; then undo them all."""
+        """Inject faults for ``seconds``, one every ``every`` s on average; then undo them all.
+
+        In the second half of the window a fault kind not injected yet goes first, so that a
+        short window still has every kind that had a victim.
+        """
         deadline = time.monotonic() + seconds
+        halfway = deadline - seconds / 2
         next_fault = time.monotonic() + self.rng.expovariate(1 / every)
         while time.monotonic() < deadline:
             now = time.monotonic()
@@ -288,7 +376,7 @@ class Faults:
                     self.timers.remove((due, undo))
                     undo()
             if now >= next_fault:
-                self.inject()
+                self.inject(new_first=now >= halfway)
                 next_fault = now + self.rng.expovariate(1 / every)
             time.sleep(0.05)
         for _, undo in sorted(self.timers, key=lambda t: t[0]):
@@ -298,8 +386,9 @@ class Faults:
     def _later(self, delay: float, undo: Callable[[], None]) -> None:
         self.timers.append((time.monotonic() + delay, undo))
 
-    def inject(self) -> None:
-        """Inject one fault, chosen by weight among those that have a free victim."""
+    def inject(self, new_first: bool = False) -> None:
+        """Inject one fault, chosen by weight among those that have a free victim (with
+        ``new_first``, among the kinds not injected yet when there are some)."""
         replicas = [r for r in self.replicas if r != self.spared and r not in self.busy]
         workers = [w for w in self.workers if w not in self.busy]
         kinds = {
@@ -310,14 +399,32 @@ class Faults:
             "worker SIGKILL + restart": (2, workers),
             "worker SIGSTOP": (1, workers),
         }
+        broker = self.broker.kinds if self.broker is not None else []
+        if "purge" in broker:
+            kinds["broker queue purged"] = (1, ["queue"])
+        if "cut" in broker and self.broker.cuts_all:
+            kinds["broker connections cut"] = (2, ["all"])
+        elif "cut" in broker:
+            kinds["broker connections of a replica cut"] = (
+                1, [r for r in self.replicas if r not in self.busy]
+            )
+            kinds["broker connections of a worker cut"] = (1, workers)
+        if "flush" in broker:
+            kinds["broker database flushed"] = (1, ["database"])
         choices = [(k, w, v) for k, (w, v) in kinds.items() if v]
+        if new_first and any(k not in self.counts for k, _, _ in choices):
+            choices = [(k, w, v) for k, w, v in choices if k not in self.counts]
         if not choices:
             return
         kind, _, victims = self.rng.choices(choices, weights=[w for _, w, _ in choices])[0]
         victim = self.rng.choice(victims)
+        self.note(f"{kind}: {victim}")
         if "SIGKILL" in kind:
             if kind.startswith("worker"):
+                from scheduling.ledger import database_now
+
                 self.killed_groups.add(self.procs.processes[victim].pid)
+                self.kills.append((victim, database_now()))
             self.procs.kill(victim)
             self._hold(victim, self.rng.uniform(0.5, 3.0), self.procs.restart)
         elif "SIGSTOP" in kind:
@@ -329,14 +436,38 @@ class Faults:
                 pause = self.idle + self.rng.uniform(1.0, 5.0)
             self.procs.send(victim, signal.SIGSTOP)
             self._hold(victim, pause, lambda v: self.procs.send(v, signal.SIGCONT))
+        elif kind.startswith("broker"):
+            if not self._broker_fault(kind, victim):
+                return
         elif not self._terminate(victim):
             return
         self.counts[kind] += 1
+
+    def _broker_fault(self, kind: str, victim: str) -> bool:
+        """Inject broker fault ``kind`` (on ``victim``'s connections for a cut); True if done."""
+        from tools.brokers import process_group
+
+        assert self.broker is not None
+        try:
+            if kind == "broker queue purged":
+                self.note(f"  {self.broker.purge()} messages purged")
+            elif kind == "broker database flushed":
+                self.note(f"  {self.broker.flush()} keys flushed")
+            else:
+                pids = set() if victim == "all" else process_group(self.procs.processes[victim].pid)
+                cut = self.broker.cut(pids)
+                self.note(f"  {cut} connections cut")
+                return cut > 0
+        except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is no fault
+            self.note(f"  not injected: {type(exc).__name__}: {exc}")
+            return False
+        return True
 
     def _hold(self, victim: str, delay: float, undo: Callable[[str], object]) -> None:
         self.busy.add(victim)
 
         def release() -> None:
+            self.note(f"undo: {victim}")
             undo(victim)
             self.busy.discard(victim)
 
@@ -380,26 +511,80 @@ def _settle(ident: str, end: datetime, stall: float) -> None:
     time.sleep(1.0)  # a duplicate execution, if any, would be logged by now
 
 
+def _whereabouts(
+    ident: str, end: datetime, procs: Processes, env: dict[str, str]
+) -> list[str]:
+    """Where the message of each run left unfinished is: the workers' log lines naming its task
+    id, and what the broker holds of it (``Broker.locate``). Also written to ``whereabouts.log``
+    in the logs folder."""
+    from django.conf import settings
+
+    from scheduling.models import Run
+    from tools.brokers import Broker
+
+    stuck = list(Run.objects.filter(
+        periodic_task_name__startswith=f"{ident} ", scheduled_for__lte=end, status__in=UNFINISHED
+    ).order_by("scheduled_for"))
+    url = env.get("CELERY_BROKER_URL") or settings.CELERY_BROKER_URL
+    try:
+        summary, found = Broker(url, ident).locate([run.task_id for run in stuck])
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: the broker may be the problem
+        summary, found = f"broker: cannot look ({type(exc).__name__}: {exc})", {}
+    lines = [summary] if summary else []
+    for run in stuck:
+        lines.append(f"{run.task_id} {run.periodic_task_name} {run.scheduled_for:%H:%M:%S} "
+                     f"{run.status} dispatched_at {run.dispatched_at} by {run.claimed_by}, "
+                     f"re-published {run.republished}x")
+        for name, kind in procs.kinds.items():
+            path = procs.log_path(name)
+            if kind == "worker" and path.exists():
+                lines += [f"  {name}: {line}" for line in path.read_text(errors="replace")
+                          .splitlines() if run.task_id in line][:5]
+        if run.task_id in found:
+            lines.append(f"  broker: {found[run.task_id]}")
+    with open(procs.workdir / "whereabouts.log", "a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return lines
+
+
 def check(
     ident: str, planted: list[Planted], end: datetime, executions: list[dict[str, object]],
     report: Report, killed_groups: set[int] = frozenset(),  # type: ignore[assignment]
+    *, starts: list[dict[str, object]] | None = None, republish_limit: int | None = None,
+    kills: list[tuple[str, datetime]] = (),  # type: ignore[assignment]
 ) -> Report:
     """Account for every slot of ``planted`` up to ``end`` (aware UTC) in ``report``.
 
     Each expected slot (the task's first slot, then ``slots.next_run`` from each slot) gets one
-    outcome: "executed once" (succeeded, and its task id appears once in ``executions``), a
-    coalesced slot (inside a late run's ``slots``), or the closed status with its reason. Anything
-    else is a breach (``Report.BREACHES``). Executions of slots after ``end`` only count towards
-    duplicates and executions of no run.
+    outcome: "executed once" (succeeded, and its task id appears once in ``executions``, the
+    workers' "end" lines), a coalesced slot (inside a late run's ``slots``), or the closed status
+    with its reason. Anything else is a breach (``Report.BREACHES``). Executions of slots after
+    ``end`` only count towards duplicates and executions of no run.
 
     A run executed again because the worker executing it was SIGKILLed (``killed_groups``, the
     process groups of the killed workers, against each execution's ``pgid``) and its message was
     redelivered is not a duplicate: that is the guard's rule (docs/semantics.md). Two executions
     by workers that were not killed are.
+
+    Invariant 9 (no run lost after dispatch, docs/delivery.md): a run still ``dispatched`` is a
+    run lost after dispatch (its message lost in the broker or on a dead consumer and never
+    recovered); one re-published and executed, or closed with a reason ("not delivered"), is
+    accounted for. "Worker lost" is accepted only for a task of worker-loss policy ``fail``
+    (``Planted.policy``) whose body really started (a "start" line in ``starts``); a run of a
+    ``recover`` task closed "worker lost" before it was re-published ``republish_limit`` times
+    (``SCHEDULING_REPUBLISH_LIMIT``) is a breach.
+
+    The one exception: a ``fail`` run the guard had started (``started_at``) whose worker was
+    SIGKILLed (``kills``: worker name and database time of each kill) within ``BODY_GAP`` after,
+    before the body's first line was written. The guard's start is the last step before the
+    body (Celery calls the body right after ``before_start``), so a death in between cannot be
+    told from a death in the body's first statements by anything but the task's own log, and the
+    product treats it as lost mid-body; it is counted as its own outcome, not a breach.
     """
     from django_celery_beat.models import PeriodicTask
 
     from scheduling import slots
+    from scheduling.conf import conf
     from scheduling.models import Run
 
     executed = Counter(str(e["task_id"]) for e in executions)
@@ -407,6 +592,13 @@ def check(
     for task_id, n in executed.items():
         if survived[task_id] > 1:
             report.breach("duplicate executions", f"task id {task_id} executed {n} times")
+    killed: dict[str, list[datetime]] = defaultdict(list)
+    for worker, when in kills:
+        killed[worker].append(when)
+    evidence = _Evidence(
+        executed, Counter(str(e["task_id"]) for e in starts or []),
+        conf.republish_limit if republish_limit is None else republish_limit, killed,
+    )
     runs = list(
         Run.objects.filter(periodic_task_name__startswith=f"{ident} ").order_by("scheduled_for")
     )
@@ -425,13 +617,38 @@ def check(
         while slot is not None and slot <= end:
             expected.append(slot)
             slot = None if plant.kind == "clocked" else slots.next_run(tasks[plant.pk], slot)
-        _account(expected, by_task[plant.pk], end, executed, report)
+        _account(expected, by_task[plant.pk], end, evidence, plant.policy, report)
     return report
 
 
+#: Longest time between the guard's start of a run and its worker's SIGKILL for which a missing
+#: start line is taken to be the gap before the body's first line (see ``check``): that gap is
+#: the guard's COMMIT reply and a few statements, which a busy machine stretches to milliseconds.
+BODY_GAP = timedelta(seconds=2)
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    """What the workers logged, per task id ("end" and "start" lines), the re-publish limit, and
+    when each worker was SIGKILLed (database clock)."""
+
+    executed: Counter[str]
+    started: Counter[str]
+    republish_limit: int
+    kills: dict[str, list[datetime]] = field(default_factory=dict)
+
+    def killed_before_its_body(self, run: object) -> bool:
+        """Whether the worker that started ``run`` was SIGKILLed within BODY_GAP after the start."""
+        started = run.started_at  # type: ignore[attr-defined]
+        worker = (run.worker or "").split("@")[0]  # type: ignore[attr-defined]
+        return started is not None and any(
+            timedelta(0) <= when - started <= BODY_GAP for when in self.kills.get(worker, ())
+        )
+
+
 def _account(
-    expected: list[datetime], runs: list[object], end: datetime, executed: Counter[str],
-    report: Report,
+    expected: list[datetime], runs: list[object], end: datetime, evidence: _Evidence,
+    policy: str, report: Report,
 ) -> None:
     rows: dict[datetime, list] = defaultdict(list)
     for run in runs:
@@ -456,15 +673,24 @@ def _account(
                 report.breach("unaccounted slots", f"{slot.isoformat()} of task {runs[:1]}")
             continue
         covered = max(covered, live[0].slots - 1)
-        report.outcomes[_outcome(live[0], executed, report)] += 1
+        report.outcomes[_outcome(live[0], evidence, policy, report)] += 1
     for slot, extra in rows.items():
         if slot <= end and any(r.status != "cancelled" for r in extra):
             report.breach("off-schedule runs", str(extra[0]))
 
 
-def _outcome(run: object, executed: Counter[str], report: Report) -> str:
+def _outcome(run: object, evidence: _Evidence, policy: str, report: Report) -> str:
     """The outcome label of one run, recording a breach when it is not accounted for."""
-    status, reason, times = run.status, run.reason, executed[run.task_id]  # type: ignore
+    from scheduling.models import Run
+
+    status, reason = run.status, run.reason  # type: ignore[attr-defined]
+    times = evidence.executed[run.task_id]  # type: ignore[attr-defined]
+    starts = evidence.started[run.task_id]  # type: ignore[attr-defined]
+    republished = run.republished  # type: ignore[attr-defined]
+    if status == "dispatched":
+        report.breach("runs lost after dispatch", f"{run} task id {run.task_id} "  # type: ignore
+                      f"(re-published {republished}x; {reason or 'no reason'})")
+        return "lost after dispatch"
     if status in UNFINISHED:
         report.breach("stuck runs", f"{run} ({reason or 'no reason'})")
         return f"stuck {status}"
@@ -473,7 +699,22 @@ def _outcome(run: object, executed: Counter[str], report: Report) -> str:
             report.breach("unaccounted slots", f"{run}: succeeded, not in the execution log")
         if times > 1:
             return "executed again: its worker was killed, the message redelivered"
+        if starts > 1:
+            return f"executed once more after its worker was lost mid-body ({policy})"
+        if republished:
+            return "executed once, after a re-publish"
         return "executed once" if run.slots == 1 else "executed once, coalescing a misfire"
+    if status == "failed" and reason == Run.Reason.WORKER_LOST:
+        if policy == "recover" and republished < evidence.republish_limit:
+            report.breach("recover runs closed as worker lost", f"{run} task id "
+                          f"{run.task_id} (re-published {republished}x of "  # type: ignore
+                          f"{evidence.republish_limit})")
+        elif starts == 0 and evidence.killed_before_its_body(run):
+            return f"failed: worker lost, killed before its body's first line ({policy})"
+        elif starts == 0:
+            report.breach("worker lost without a start", f"{run} task id "
+                          f"{run.task_id} ({policy}): its body never began")  # type: ignore
+        return f"failed: worker lost ({policy}), executed {times}x"
     if status == "failed" and (reason or run.error):  # type: ignore[attr-defined]
         return f"failed: {reason or 'task error'}, executed {times}x"
     if status != "failed" and times == 0 and reason:
@@ -521,6 +762,11 @@ def main(argv: list[str] | None = None) -> int:
                         "project.tasks.record")
     parser.add_argument("--workdir", type=Path, default=None, help="folder for logs")
     parser.add_argument("--keep", action="store_true", help="keep the tasks and runs")
+    parser.add_argument("--no-broker-faults", action="store_true",
+                        help="no queue purge, connection cut or Redis database flush")
+    parser.add_argument("--own-vhost", action="store_true",
+                        help="the AMQP URL's vhost is this run's own: a connection cut may close "
+                        "every connection on it (rabbitmqctl close_all_connections)")
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else 60 * (args.minutes or 10)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
@@ -534,6 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=seconds, replicas=args.replicas, workers=args.workers, tasks=args.tasks,
         every=args.every, seed=seed, concurrency=args.concurrency, fault_every=args.fault_every,
         settle=args.settle, app=args.app, task=args.task, workdir=args.workdir, keep=args.keep,
+        broker_faults=not args.no_broker_faults, own_vhost=args.own_vhost,
     )
     report = run(options, say=lambda line: print(line, flush=True))
     print(report.table(), flush=True)

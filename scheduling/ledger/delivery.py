@@ -15,6 +15,7 @@ again the same way, back to ``dispatched``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -57,6 +58,8 @@ class Redelivered:
     closed: list[str] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict, compare=False)
     reasons: dict[str, str] = field(default_factory=dict, compare=False)
+    #: Runs taken but left for the next pass: the pass's publishing time ran out (``budget``).
+    deferred: int = field(default=0, compare=False)
 
 
 def delivery_timeout(run: Run) -> timedelta:
@@ -88,6 +91,7 @@ def redeliver(
     recover: list[tuple[int, int]] | None = None,
     batch_size: int = 100,
     using: str = "default",
+    budget: float | None = None,
 ) -> Redelivered:
     """Re-publish overdue dispatched runs and the lost runs to ``recover``; one transaction.
 
@@ -102,8 +106,17 @@ def redeliver(
     (RunRejected: its task was deleted, an unknown task name, bad arguments) is closed as failed
     with the error. Broker errors propagate as PublishFailed and roll the pass back, so nothing
     is recorded as re-published unless its publish succeeded.
+
+    The transaction is idle on the database while the messages go out, and the server ends a
+    scheduler session idle in a transaction for ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT``. A
+    pass that outlived it would roll back behind messages already sent, and the next pass would
+    send them again, without bound (a slow broker: the SQL broker's inserts on a busy machine
+    took over 3 s for 100 runs, and 20 copies of a run piled up). So publishing stops once
+    ``budget`` seconds (default: half that timeout) have passed since the last statement, after
+    at least one run; the runs left are not written (``deferred``) and wait for the next pass.
     """
     done = Redelivered()
+    budget = conf.idle_in_transaction_timeout / 2 if budget is None else budget
     with transaction.atomic(using=using):
         ids = _lock_due(recover or [], batch_size, using)
         if not ids:
@@ -112,15 +125,24 @@ def redeliver(
             *SCHEDULE_RELATED, "periodic_task__scheduling_policy"
         ).in_bulk(ids)
         now = database_now(using)
-        sent = [runs[pk] for pk in ids if _redeliver_one(runs[pk], republisher, now, done)]
+        started = time.monotonic()
+        sent: list[Run] = []
+        taken: list[int] = []
+        for pk in ids:
+            if sent and time.monotonic() - started >= budget:
+                break
+            taken.append(pk)
+            if _redeliver_one(runs[pk], republisher, now, done):
+                sent.append(runs[pk])
         if sent and republisher.flush is not None:
             try:
                 republisher.flush()
             except Exception as exc:
                 names = ", ".join(run.task_id for run in sent)
                 raise PublishFailed(f"cannot re-publish runs {names}: {exc}") from exc
-        update_runs([runs[pk] for pk in ids], _FIELDS, using)
-    for run in runs.values():
+        update_runs([runs[pk] for pk in taken], _FIELDS, using)
+    done.deferred = len(ids) - len(taken)
+    for run in (runs[pk] for pk in taken):
         done.names[run.task_id] = run.periodic_task_name
         if run.task_id in done.closed:
             done.reasons[run.task_id] = run.reason
@@ -204,6 +226,11 @@ def _close(run: Run, recovering: bool, limit: int, now: datetime) -> None:
 def _log(done: Redelivered, runs: dict[int, Run], replica_id: str) -> None:
     by_task_id = {run.task_id: run for run in runs.values()}
     extra = {"replica": replica_id}
+    if done.deferred:
+        logger.info(
+            "re-publishing took its time budget: %d runs left for the next pass", done.deferred,
+            extra={"action": "republish_deferred", **extra},
+        )
     for task_id in done.republished:
         run = by_task_id[task_id]
         logger.warning(

@@ -108,6 +108,36 @@ def test_one_pass_republishes_at_most_its_batch_oldest_first(make_task, recorder
     ]
 
 
+def test_a_slow_broker_ends_the_pass_before_the_idle_in_transaction_bound(
+    make_task, recorder, settings
+):
+    """A pass that outlived SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT would be rolled back by the
+    server behind messages already sent, and the next pass would send them again (20 copies of a
+    run were seen on the SQL broker). Publishing stops at half the bound; what is left is not
+    written and goes in the next pass: each run is sent once."""
+    import time
+
+    settings.SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT = 0.6  # a budget of 0.3 s
+    runs = [ledger.request_run(make_task(every=3600)) for _ in range(5)]
+    claim(recorder)
+    recorder.messages.clear()
+    for minutes, run in zip((50, 40, 30, 20, 10), runs, strict=True):
+        age(run, DEADLINE + timedelta(minutes=minutes))
+
+    def slow(message) -> None:
+        time.sleep(0.2)
+        recorder(message)
+
+    done = ledger.redeliver(ledger.Republisher(slow))
+    assert (done.republished, done.deferred) == ([r.task_id for r in runs[:2]], 3)
+    assert [state(run)[2] for run in runs] == [1, 1, 0, 0, 0]
+    assert state(runs[2])[1] == ""  # left as it was
+    while done.republished:
+        done = ledger.redeliver(ledger.Republisher(slow))
+    assert recorder.task_ids == [run.task_id for run in runs]  # each sent once
+    assert [state(run)[2] for run in runs] == [1] * 5
+
+
 def test_a_run_of_a_deleted_task_is_closed_with_the_error(dispatched, recorder):
     dispatched.periodic_task.delete()
     age(dispatched, DEADLINE + timedelta(seconds=1))
