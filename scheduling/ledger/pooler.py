@@ -127,7 +127,7 @@ def report_pooled_locks(alias: str, what: str) -> None:
     silenced = "scheduling.E003" in getattr(settings, "SILENCED_SYSTEM_CHECKS", ())
     logger.log(
         logging.INFO if silenced else logging.ERROR,
-        "%s are session-level advisory locks on database alias %r, which goes through a "
+        "session-level advisory locks (%s) on database alias %r, which goes through a "
         "connection pooler: in transaction mode they are neither held nor released reliably. "
         "Set SCHEDULING_DIRECT_DATABASE to an alias that connects without the pooler "
         "(system check scheduling.E003)", what, alias,

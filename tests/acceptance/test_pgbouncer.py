@@ -38,8 +38,8 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 RUN_SECONDS = 60
 KILL_AFTER = 20
 IDLE_TIMEOUT = 3.0
-POOLED_LINE = "goes through a connection pooler"
-LOCKS_POOLED_LINE = "session-level advisory locks on database alias"
+POOLED_LINE = "goes through a connection pooler: the scheduler's timeouts are set per transaction"
+LOCKS_POOLED_LINE = "which goes through a connection pooler: in transaction mode"
 
 
 def pooled_url(bouncer) -> str:

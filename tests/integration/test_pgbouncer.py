@@ -243,9 +243,9 @@ def test_locks_on_a_pooled_connection_are_reported(only_pgbouncer, caplog):
         ledger.configure_session()
         guard.liveness.try_lock(guard.Attempt("reported", 0))
     reported = [r for r in caplog.records if getattr(r, "action", "") == "pooled_locks"]
-    assert [(r.levelno, r.getMessage().split(" are ")[0]) for r in reported] == [
-        (logging.ERROR, "a replica's reconcile turn"),
-        (logging.ERROR, "the worker guard's execution locks"),
+    assert [(r.levelno, r.getMessage().split(" on database alias ")[0]) for r in reported] == [
+        (logging.ERROR, "session-level advisory locks (a replica's reconcile turn)"),
+        (logging.ERROR, "session-level advisory locks (the worker guard's execution locks)"),
     ]
     assert "SCHEDULING_DIRECT_DATABASE" in reported[0].getMessage()
     guard.liveness.unlock(guard.Attempt("reported", 0))
