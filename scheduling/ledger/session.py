@@ -85,6 +85,8 @@ def _configure(using: str) -> None:
         if using == conf.direct_database:
             pooler.report_pooled_locks(using, "a replica's reconcile turn")
     else:
+        if _bounds_per_transaction in connection.execute_wrappers:  # was pooled, now direct
+            connection.execute_wrappers.remove(_bounds_per_transaction)
         with connection.cursor() as cursor:
             cursor.execute(
                 queries["session_bounds"],

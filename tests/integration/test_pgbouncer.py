@@ -35,6 +35,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def routed(bouncer, settings, *, direct: bool = True) -> Iterator[None]:
     """``default`` through ``bouncer``; with ``direct``, alias ``direct`` without it, in use."""
     original = copy.deepcopy(connection.settings_dict)
+    wrappers = list(connection.execute_wrappers)
     connection.close()
     guard.liveness.close()
     connection.settings_dict.update(HOST="127.0.0.1", PORT=bouncer.port)
@@ -46,6 +47,7 @@ def routed(bouncer, settings, *, direct: bool = True) -> Iterator[None]:
     finally:
         guard.liveness.close()
         connection.close()
+        connection.execute_wrappers[:] = wrappers  # the pooled session's bounds wrapper goes
         connection.settings_dict.clear()
         connection.settings_dict.update(original)
         if direct:
