@@ -1,6 +1,8 @@
 """Settings for the example deployment, read from the environment.
 
 - ``DATABASE_URL``: PostgreSQL; unset means the embedded server (``project.embedded``).
+- ``DATABASE_DIRECT_URL``: the same database without a pooler, when ``DATABASE_URL`` goes through
+  PgBouncer in transaction mode (``SCHEDULING_DIRECT_DATABASE``).
 - ``CELERY_BROKER_URL``: Redis or RabbitMQ; unset means kombu's SQL transport on the database.
 - ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG`` (off unless "1"/"true"), ``DJANGO_ALLOWED_HOSTS``
   (comma separated); HTTPS: ``DJANGO_HTTPS``, ``DJANGO_HSTS_SECONDS``,
@@ -84,11 +86,19 @@ TEMPLATES = [
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or embedded.embedded_database_url()
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+# Behind PgBouncer in transaction mode: DATABASE_URL names the pooler, DATABASE_DIRECT_URL the
+# same database without it, for the scheduling app's session-level locks (its system check
+# scheduling.E003 says when this is missing). In tests the alias mirrors the test database.
+if os.environ.get("DATABASE_DIRECT_URL"):
+    DATABASES["direct"] = dj_database_url.parse(os.environ["DATABASE_DIRECT_URL"], conn_max_age=0)
+    DATABASES["direct"]["TEST"] = {"MIRROR": "default"}
+    SCHEDULING_DIRECT_DATABASE = "direct"
 # Client-side TCP keepalives (libpq; ignored on a Unix socket): a replica or worker cut off from
 # the database server notices within about 11 s instead of the system's two hours.
-DATABASES["default"].setdefault("OPTIONS", {}).update(
-    keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3
-)
+for _database in DATABASES.values():
+    _database.setdefault("OPTIONS", {}).update(
+        keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

@@ -1,12 +1,17 @@
-"""System checks: the settings this app cannot work without."""
+"""System checks: the settings this app cannot work without, and the connection its locks need."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, register
-from django.db import connections
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError, connections
+from django.utils.connection import ConnectionDoesNotExist
+
+from scheduling import ledger
+from scheduling.conf import conf
+from scheduling.sql import queries
 
 
 @register()
@@ -37,3 +42,94 @@ def check_postgresql(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             id="scheduling.E002",
         )
     ]
+
+
+@register()
+def check_direct_database(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """SCHEDULING_DIRECT_DATABASE must name a PostgreSQL alias of DATABASES."""
+    alias = conf.direct_database
+    try:
+        vendor = connections[alias].vendor
+    except ConnectionDoesNotExist:
+        vendor = ""
+    if vendor == "postgresql":
+        return []
+    what = "is not PostgreSQL" if vendor else "is not in DATABASES"
+    return [
+        Error(
+            f"SCHEDULING_DIRECT_DATABASE names the database alias {alias!r}, which {what}.",
+            hint=(
+                "Name an alias of DATABASES that connects to the same PostgreSQL database as "
+                "'default' without a connection pooler, or leave the setting out ('default')."
+            ),
+            id="scheduling.E004",
+        )
+    ]
+
+
+@register(Tags.database)
+def check_direct_connection(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """The session-level locks' connection must reach the default database without a pooler.
+
+    A database check (Django runs it for ``check --database default`` and before ``migrate``):
+    it connects to ``default`` and to ``SCHEDULING_DIRECT_DATABASE``. How a pooler is told:
+    ``scheduling.ledger.pooler``.
+    """
+    alias = conf.direct_database
+    if not databases or check_direct_database() or connections["default"].vendor != "postgresql":
+        return []
+    try:
+        pooled = ledger.pooled(alias)
+        reached = {name: _server(name) for name in {"default", alias}}
+    except DatabaseError as exc:
+        return [
+            Warning(
+                f"scheduling could not check database alias {alias!r} for a connection "
+                f"pooler: {exc}",
+                id="scheduling.W001",
+            )
+        ]
+    errors: list[CheckMessage] = []
+    if pooled:
+        errors.append(
+            Error(
+                f"Database alias {alias!r} reaches PostgreSQL through a connection pooler (the "
+                f"server process that runs its queries is not the one it was given at login). "
+                f"scheduling holds two session-level advisory locks on it: each beat replica's "
+                f"reconcile turn and the worker guard's execution lock of each running task. A "
+                f"pooler in transaction mode (PgBouncer's pool_mode = transaction) lends the "
+                f"session to other clients between transactions, so those locks are neither "
+                f"held nor released reliably, and a duplicate delivery may run.",
+                hint=(
+                    "Add a DATABASES alias that connects to the same database directly, not "
+                    "through the pooler (the PostgreSQL server's own host and port), and set "
+                    "SCHEDULING_DIRECT_DATABASE to its name; each beat replica and each worker "
+                    "process keeps one connection on it. Everything else may stay on the pooler. "
+                    "If the pooler pools by session (pool_mode = session), the locks are safe: "
+                    "add 'scheduling.E003' to SILENCED_SYSTEM_CHECKS."
+                ),
+                id="scheduling.E003",
+            )
+        )
+    if reached["default"] != reached[alias]:
+        errors.append(
+            Error(
+                f"SCHEDULING_DIRECT_DATABASE ({alias!r}) reaches another database than "
+                f"'default': database {reached[alias][0]!r} of the server started at "
+                f"{reached[alias][1]}, not {reached['default'][0]!r} of the server started at "
+                f"{reached['default'][1]}. The lost-worker sweep looks for the guard's "
+                f"execution locks in the default database.",
+                hint="Point that alias at the database of 'default', without the pooler.",
+                id="scheduling.E005",
+            )
+        )
+    return errors
+
+
+def _server(alias: str) -> tuple[str, object]:
+    """(database name, server start time) that connection ``alias`` reaches."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries["same_server"])
+        return tuple(cursor.fetchone())  # type: ignore[return-value]

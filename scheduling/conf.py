@@ -82,8 +82,15 @@ class Conf:
     batch_size = Setting(100, int, "Most runs one claim transaction dispatches.")
     prepared_claim = Setting(True, bool, (
         "Send the claim query as a server-side prepared statement (planned once per database "
-        "session, not at every claim). Set False behind a pooler that cannot keep prepared "
-        "statements (PgBouncer in transaction mode before 1.21)."
+        "session, not at every claim) where the connection keeps it: a direct connection, or a "
+        "pooler that keeps prepared statements per client (PgBouncer 1.21+ with "
+        "max_prepared_statements > 0), found by a probe per connection. False: never."
+    ))
+    direct_database = Setting("default", str, (
+        "The DATABASES alias of a connection to PostgreSQL without a pooler, for the two "
+        "session-level advisory locks: a replica's reconcile turn and the worker guard's "
+        "execution locks. It must reach the same database as 'default'. Set it when 'default' "
+        "goes through PgBouncer in transaction mode (system check scheduling.E003)."
     ))
     misfire_grace_seconds = Setting(60.0, float, (
         "A run dispatched later than this after its slot is a misfire (coalesced)."

@@ -158,8 +158,12 @@ class _Liveness:
 
     Separate from Django's connections, which Celery closes around every task and task code may
     close at will: the lock must live exactly as long as this process. One session per process
-    (re-opened after a fork), shared by threads under a mutex. Server-side TCP keepalives let the
-    server notice a vanished host (``SCHEDULING_TCP_KEEPALIVES_IDLE``).
+    (re-opened after a fork), shared by threads under a mutex, opened with the parameters of
+    ``SCHEDULING_DIRECT_DATABASE``: a pooler by transaction would leave a lock on a server session
+    this process may not be lent again, where the next client holds it too. A session found to go
+    through a pooler is used all the same (a pooler by session keeps the locks) and reported
+    (``pooler.report_pooled_locks``; system check scheduling.E003). Server-side TCP keepalives
+    let the server notice a vanished host (``SCHEDULING_TCP_KEEPALIVES_IDLE``).
     """
 
     def __init__(self) -> None:
@@ -178,15 +182,20 @@ class _Liveness:
         from django.db import connections
 
         from scheduling.conf import conf
+        from scheduling.ledger import pooler
         from scheduling.sql import queries
 
-        params = connections["default"].get_connection_params()
+        alias = conf.direct_database
+        params = connections[alias].get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
         idle = conf.tcp_keepalives_idle
         params.update(keepalives=1, keepalives_idle=idle, application_name="scheduling-guard")
         conn = psycopg.connect(**params, autocommit=True)
-        conn.execute(queries["guard_keepalives"], [str(idle), str(max(1, idle // 2))])
+        if pooler.behind_pooler(conn):  # no session setting: it would reach the next client
+            pooler.report_pooled_locks(alias, "the worker guard's execution locks")
+        else:
+            conn.execute(queries["guard_keepalives"], [str(idle), str(max(1, idle // 2))])
         self._conn, self._pid = conn, os.getpid()
         self._held = set()  # locks of a session lost with its connection are gone
         return conn

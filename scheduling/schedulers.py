@@ -27,7 +27,6 @@ from django.db import (
     IntegrityError,
     InterfaceError,
     OperationalError,
-    connection,
     transaction,
 )
 from django_celery_beat.models import PeriodicTask
@@ -349,10 +348,7 @@ class LedgerScheduler(DatabaseScheduler):
             logger.debug("%s still unavailable: %s", what, error)
         self._failing = what
         if what == "database":
-            try:
-                connection.close()
-            except Exception:  # noqa: BLE001 - the connection is already broken
-                pass
+            ledger.close_sessions()
         return retry_delay(self._failures, conf.retry_backoff_max)
 
     def _reset_producer(self) -> None:

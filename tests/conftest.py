@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -90,3 +91,44 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/unit/" in str(item.path):
             item.add_marker(pytest.mark.once)
+
+
+@pytest.fixture
+def pgbouncer_upstream() -> tuple[str, int]:
+    """(host or socket folder, port) of the PostgreSQL server the test database is on."""
+    params = connection.get_connection_params()
+    return str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
+
+
+@pytest.fixture
+def start_pgbouncer(pgbouncer_upstream) -> Iterator[Any]:
+    """Start PgBouncers of this test's own (``start_pgbouncer(pool_size=1)``), stopped at its end.
+
+    In transaction mode, in front of the test database's server (``tests.pgbouncer``). Skipped
+    when the pgbouncer binary is missing (Debian's package: apt-get install -y pgbouncer), except
+    with the CI variable set, where that fails the test.
+    """
+    from tests.pgbouncer import PgBouncer, binary
+
+    if binary() is None:
+        reason = "pgbouncer is missing: install Debian's pgbouncer (apt-get install -y pgbouncer)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    started: list[PgBouncer] = []
+
+    def start(**options: Any) -> PgBouncer:
+        started.append(PgBouncer(pgbouncer_upstream, **options))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for bouncer in started:
+            bouncer.stop()
+
+
+@pytest.fixture
+def pgbouncer(start_pgbouncer) -> Any:
+    """A PgBouncer of this test's own in transaction mode (``start_pgbouncer()``)."""
+    return start_pgbouncer()

@@ -3,6 +3,7 @@
 One module per concept, each the only writer of what it names:
 
 - ``session``: the scheduler session's server-side bounds, the poll, the advisory locks, the stop;
+- ``pooler``: a connection pooler in between: telling one is there, and what it keeps;
 - ``changes``: the change log that reconcile passes read;
 - ``reconcile``: cancel what was deleted or disabled, re-plan edits (``planning`` plans);
 - ``planning``: the next slot of tasks without a pending run, tolerant of bad rows;
@@ -36,12 +37,14 @@ from scheduling.ledger.lost import LostExecutions, close_lost_executions
 from scheduling.ledger.manual import BackfillProgress, backfill, request_run
 from scheduling.ledger.planning import plan_missing
 from scheduling.ledger.policy import MISSED_ROWS_LIMIT, MisfireDecision
+from scheduling.ledger.pooler import keeps_prepared, pooled
 from scheduling.ledger.prune import PrunePlan, prune, prune_batch, prune_counts, prune_plan
 from scheduling.ledger.reconcile import reconcile, replan_edited
 from scheduling.ledger.session import (
     Poll,
     application_name,
     beat_schedule_sync,
+    close_sessions,
     configure_session,
     poll,
     ready_for_stop,
@@ -70,11 +73,14 @@ __all__ = [
     "begin_execution",
     "claim_and_dispatch",
     "close_lost_executions",
+    "close_sessions",
     "configure_session",
     "database_now",
+    "keeps_prepared",
     "note_unplanned",
     "plan_missing",
     "poll",
+    "pooled",
     "prune",
     "prune_batch",
     "prune_counts",

@@ -33,6 +33,7 @@ from django.db.models.query import get_related_populators
 from scheduling.clock import ClockTimestamp, StatementTimestamp
 from scheduling.conf import conf
 from scheduling.ledger.planning import SCHEDULE_RELATED
+from scheduling.ledger.pooler import keeps_prepared
 from scheduling.models import Run, TaskPolicy
 from scheduling.sql import compose
 
@@ -135,12 +136,19 @@ def prepared(using: str = "default") -> Iterator[None]:
     its execution, at every claim. Here the body runs on psycopg's server-side binding cursor with
     ``prepare_threshold`` 0: the statement is prepared once per session and then only executed.
     The body must send the same statements every time (not savepoints, whose names change), or
-    it fills psycopg's cache of prepared statements. ``SCHEDULING_PREPARED_CLAIM = False`` turns
-    this off (a pooler that cannot keep prepared statements).
+    it fills psycopg's cache of prepared statements. Behind a pooler the statements are prepared
+    only when it keeps them per client (``pooler.keeps_prepared``: PgBouncer 1.21+ with
+    ``max_prepared_statements``; before that a statement prepared in one transaction is missing
+    from the server session lent for the next). ``SCHEDULING_PREPARED_CLAIM = False`` turns this
+    off.
     """
     raw = connections[using].connection
-    if not conf.prepared_claim or not hasattr(raw, "prepare_threshold"):
-        yield  # psycopg 2, or turned off
+    if (
+        not conf.prepared_claim
+        or not hasattr(raw, "prepare_threshold")
+        or not keeps_prepared(using)
+    ):
+        yield  # psycopg 2, turned off, or a pooler that does not keep them
         return
     from django.db.backends.postgresql.base import ServerBindingCursor
 

@@ -2,10 +2,11 @@
 
 A replica's session carries ``idle_in_transaction_session_timeout``, ``statement_timeout`` and TCP
 keepalives (invariant 8: a frozen or partitioned replica cannot hold its claim longer than the
-server allows). Two advisory locks order work between replicas: the reconcile turn (session
-level) and the ``CELERY_BEAT_SCHEDULE`` sync (transaction level). Neither is needed for
-correctness; they keep replicas from doing the same work at once. A stop may come at any instant
-(``ready_for_stop``).
+server allows). Through a pooler by transaction (``pooler``) the timeouts are set per transaction
+instead. Two advisory locks order work between replicas: the reconcile turn (session level, on
+``SCHEDULING_DIRECT_DATABASE``) and the ``CELERY_BEAT_SCHEDULE`` sync (transaction level).
+Neither is needed for correctness; they keep replicas from doing the same work at once. A stop
+may come at any instant (``ready_for_stop``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from django.db import connections, transaction
 from psycopg import pq
 
 from scheduling.conf import conf
+from scheduling.ledger import pooler
 from scheduling.sql import BEAT_SCHEDULE_LOCK, RECONCILE_LOCK, queries
 
 logger = logging.getLogger(__name__)
@@ -43,32 +45,98 @@ class Poll:
 
 
 def configure_session(using: str = "default") -> None:
-    """Apply the scheduler's server-side bounds to its connection, once per connection.
+    """Apply the scheduler's server-side bounds to its connections, once per connection.
 
     ``idle_in_transaction_session_timeout`` and ``statement_timeout`` bound how long a frozen or
     partitioned replica can hold its claim (invariant 8, docs/architecture.md); the TCP keepalive
     settings let the server notice a vanished client. ``application_name`` is
     ``scheduling-beat:<replica id>`` (cut to 63 bytes), so ``pg_stat_activity`` shows which
-    session is which replica's.
+    session is which replica's. The connection of the reconcile turn
+    (``SCHEDULING_DIRECT_DATABASE``) gets them too, when it is another one.
+
+    On a connection through a pooler (``pooler.pooled``) no session setting is made: it would stay
+    on the pooler's server session, for its next client, and miss the next transaction. There the
+    first statement of every transaction sets the two timeouts and the name for that transaction
+    (``set_config(..., true)``: one round trip more per transaction), and keepalives are the
+    pooler's own (PgBouncer's ``tcp_keepalive`` settings). Whether the claim may be prepared there
+    is asked now, outside any transaction (``pooler.keeps_prepared``).
     """
+    _configure(using)
+    if conf.direct_database != using:
+        _configure(conf.direct_database)
+
+
+def _configure(using: str) -> None:
     connection = connections[using]
     connection.ensure_connection()
     raw = connection.connection
     if getattr(connection, "_scheduling_session", None) is raw:
         return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            queries["session_bounds"],
+    if pooler.pooled(using):
+        if _bounds_per_transaction not in connection.execute_wrappers:
+            connection.execute_wrappers.append(_bounds_per_transaction)
+        prepared = conf.prepared_claim and pooler.keeps_prepared(using)
+        logger.info(
+            "database alias %r goes through a connection pooler: the scheduler's timeouts are set "
+            "per transaction; claims are sent %s", using,
+            "prepared (the pooler keeps prepared statements)" if prepared else "unprepared",
+            extra={"action": "pooled_session"},
+        )
+        if using == conf.direct_database:
+            pooler.report_pooled_locks(using, "a replica's reconcile turn")
+    else:
+        if _bounds_per_transaction in connection.execute_wrappers:  # was pooled, now direct
+            connection.execute_wrappers.remove(_bounds_per_transaction)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                queries["session_bounds"],
+                [
+                    f"{int(conf.idle_in_transaction_timeout * 1000)}ms",
+                    f"{int(conf.statement_timeout * 1000)}ms",
+                    str(conf.tcp_keepalives_idle),
+                    str(max(1, conf.tcp_keepalives_idle // 2)),
+                    "3",
+                    application_name(conf.replica_id),
+                ],
+            )
+    connection._scheduling_session = raw  # type: ignore[attr-defined]
+
+
+def _bounds_per_transaction(
+    execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]
+) -> Any:
+    """Django execute wrapper: the bounds of ``transaction_bounds`` first in each transaction.
+
+    A statement is the first of its transaction when Django is inside ``atomic`` and psycopg has
+    not begun one yet (it begins it with this statement). Sent unprepared, whatever the cursor.
+    """
+    connection = context["connection"]
+    if (
+        connection.in_atomic_block
+        and connection.connection.info.transaction_status == pq.TransactionStatus.IDLE
+    ):
+        context["cursor"].cursor.execute(
+            queries["transaction_bounds"],
             [
                 f"{int(conf.idle_in_transaction_timeout * 1000)}ms",
                 f"{int(conf.statement_timeout * 1000)}ms",
-                str(conf.tcp_keepalives_idle),
-                str(max(1, conf.tcp_keepalives_idle // 2)),
-                "3",
                 application_name(conf.replica_id),
             ],
+            prepare=False,
         )
-    connection._scheduling_session = raw  # type: ignore[attr-defined]
+    return execute(sql, params, many, context)
+
+
+def close_sessions(using: str = "default") -> None:
+    """Close the scheduler's connections (after an outage): the next tick opens new ones.
+
+    Never raises: a broken connection is closed all the same.
+    """
+    for alias in {using, conf.direct_database}:
+        try:
+            connections[alias].close()
+        except Exception:  # noqa: BLE001 - the connection is already broken
+            pass
 
 
 def application_name(replica_id: str) -> str:
@@ -91,23 +159,26 @@ def poll(using: str = "default") -> Poll:
 
 
 @contextmanager
-def reconcile_turn(using: str = "default") -> Iterator[bool]:
+def reconcile_turn(using: str | None = None) -> Iterator[bool]:
     """Yield whether this replica may reconcile now: no other replica is reconciling.
 
     ``pg_try_advisory_lock`` on ``scheduling.sql.RECONCILE_LOCK`` (session level, released on
     exit or when the session ends, a killed replica included): replicas that see the same edit
     re-plan it one after another, not all at once, and the others go on dispatching meanwhile. A
     session-level lock outlives no session, but nothing ends a session that is frozen between
-    transactions: the scheduler bounds its wait (``schedulers.TURN_PATIENCE``).
+    transactions: the scheduler bounds its wait (``schedulers.TURN_PATIENCE``). The lock is taken
+    on ``using``, by default ``SCHEDULING_DIRECT_DATABASE``: a pooler by transaction would leave
+    it on a server session the replica may never be lent again.
     """
-    with connections[using].cursor() as cursor:
+    alias = using or conf.direct_database
+    with connections[alias].cursor() as cursor:
         cursor.execute(queries["try_advisory_lock"], [RECONCILE_LOCK])
         mine = cursor.fetchone()[0]
     try:
         yield mine
     finally:
         if mine:
-            with connections[using].cursor() as cursor:
+            with connections[alias].cursor() as cursor:
                 cursor.execute(queries["advisory_unlock"], [RECONCILE_LOCK])
 
 
@@ -147,8 +218,9 @@ def ready_for_stop(using: str = "default") -> bool:
       False.
     - a statement left in flight by an interrupted call that has unwound (psycopg before 3.3
       does not read the cancelled result on ``SystemExit``), or a broken session: the statement
-      is cancelled and the session closed, which frees its advisory locks, the reconcile turn
-      included, and a new one is opened with the scheduler's bounds: True.
+      is cancelled and the session closed, which frees its advisory locks (the reconcile turn
+      too, unless it is on a ``SCHEDULING_DIRECT_DATABASE`` of its own, where the unwinding pass
+      releases it), and a new one is opened with the scheduler's bounds: True.
     - idle, or not connected: True.
 
     Never raises: a stop goes on whatever the database does.

@@ -17,6 +17,28 @@ SELECT set_config('idle_in_transaction_session_timeout', %s, false),
        set_config('tcp_keepalives_count', %s, false),
        set_config('application_name', %s, false)
 
+-- transaction_bounds --
+-- The same bounds for one transaction, on a connection through a pooler (a session setting would
+-- stay on the pooler's server session, for its next client, and miss this client's next
+-- transaction): the first statement of every transaction of the scheduler there.
+SELECT set_config('idle_in_transaction_session_timeout', %s, true),
+       set_config('statement_timeout', %s, true),
+       set_config('application_name', %s, true)
+
+-- server_pid --
+-- The process id of the server session running this query: not the one the connection was given
+-- at login when a pooler is in between (scheduling.ledger.pooler).
+SELECT pg_backend_pid()
+
+-- prepared_named --
+-- Whether this server session holds a prepared statement of that name (the pooler probe).
+SELECT EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = %s)
+
+-- same_server --
+-- Which database of which server a connection reaches: the direct connection must reach the
+-- database of the default one (the lost-worker sweep reads the execution locks there).
+SELECT current_database(), pg_postmaster_start_time()
+
 -- poll --
 -- An idle tick's one query: the database clock, the earliest pending run (the first entry of the
 -- partial index scheduling_run_pending_due) and django-celery-beat's change marker.
