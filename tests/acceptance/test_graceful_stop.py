@@ -194,11 +194,12 @@ def test_sigterm_between_publish_and_commit_commits_the_claim_then_exits(
         task = make_task(clocked=ledger.database_now() + timedelta(seconds=1), name="graceful")
         deployment.wait_for_log(REPLICA, "test pause: published", timeout=30)
         _stop(deployment, signal.SIGTERM, PAUSE + EXIT_MARGIN, raw_connection)
+        queued = broker_task_ids(deployment.queue)  # before _shut deletes the queue
     finally:
         _shut(deployment, raw_connection)
     run = Run.objects.get(periodic_task=task)
     assert (run.status, run.claimed_by) == (Run.Status.DISPATCHED, REPLICA)
-    assert broker_task_ids(deployment.queue) == [run.task_id]
+    assert queued == [run.task_id]
 
 
 def test_sigint_in_the_idle_sleep(tmp_path, raw_connection):
