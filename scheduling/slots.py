@@ -162,6 +162,10 @@ def initial_run(
     - no slot at or before it, and for an interval none less than one interval after it (stock
       beat's own next run is ``last_run_at + every``; the ledger's slots stay on the task's grid,
       so the first one is the first grid slot at or after ``last_run_at + every``);
+    - a clocked one-off with no run in the ledger that stock beat already sent
+      (``total_run_count`` above 0, or ``last_run_at`` at or after its clocked time: stock beat
+      2.9 leaves a sent one-off enabled until its next tick) is over: None, as stock beat itself
+      would disable it on that tick without sending it again;
     - switching from stock beat (``last_slot`` is None, ``last_run_at`` set): the first slot after
       it is planned however old it is, not only from ``now - grace``, so a slot that fell while
       no scheduler ran is not dropped silently: the claim applies the task's misfire policy to
@@ -169,6 +173,8 @@ def initial_run(
       missed; catch_up: replayed, capped). A slot stock beat already sent is never sent again.
     """
     if task.clocked_id is not None:
+        if last_slot is None and _stock_sent_one_off(task):
+            return None  # switching from stock beat, which already sent this one-off
         # One slot per clocked time: a re-armed one-off (a new clocked time) runs again.
         return next_run(task, last_slot or _EPOCH)
     if task.one_off and last_slot is not None and (
@@ -193,6 +199,20 @@ def initial_run(
             return next_run(task, floor)
         floor = task.date_changed
     return next_run(task, floor)
+
+
+def _stock_sent_one_off(task: PeriodicTask) -> bool:
+    """Return whether django-celery-beat's stock scheduler already sent this clocked one-off.
+
+    Stock beat counts each send in ``total_run_count`` and stamps ``last_run_at``; on its next tick
+    it disables a one-off whose count is above 0 and resets the count (``ModelEntry.is_due``),
+    and a disabled task's ``save()`` clears ``last_run_at``. So a count above 0, or a
+    ``last_run_at`` at or after the clocked time, is a send; a one-off re-armed the stock way
+    (disabled, then enabled with a new clocked time) has neither.
+    """
+    if task.total_run_count:
+        return True
+    return task.last_run_at is not None and task.last_run_at >= task.clocked.clocked_time
 
 
 def task_id_for(periodic_task_id: int, scheduled_for: datetime, trigger: str = "schedule") -> str:
