@@ -34,6 +34,8 @@ from scheduling.exceptions import ScheduleError
 #: Farthest a crontab is searched for its next match. Feb 29 on a given weekday can be 40 years
 #: apart (2072 -> 2112 for a Monday, as 2100 is not a leap year), so 41 years cover every schedule.
 MAX_SEARCH_DAYS = 366 * 41
+#: Days in each month, February of a leap year.
+_LONGEST_MONTH = dict(enumerate((31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31), start=1))
 #: Most slots counted one by one when coalescing; past it the count is a lower bound.
 MAX_COUNTED_SLOTS = 10_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -302,7 +304,22 @@ class CronSpec:
     def parse(
         cls, minute: str, hour: str, day_of_month: str, month: str, day_of_week: str
     ) -> CronSpec:
-        """Expand the five fields; raise ScheduleError if Celery's parser rejects one."""
+        """Expand the five fields; raise ScheduleError if Celery's parser rejects one.
+
+        A day of the month that no month of the crontab has (31 February) is refused here, in
+        this module's words, whatever the Celery version (5.7 refuses it too, 5.5 and 5.6 do not).
+        """
+        fields = f"{minute} {hour} {day_of_month} {month} {day_of_week}"
+        try:
+            days = schedules.crontab_parser(31, 1).parse(str(day_of_month))
+            months = schedules.crontab_parser(12, 1).parse(str(month))
+        except (ValueError, TypeError, schedules.ParseException) as exc:
+            raise ScheduleError(f"invalid crontab {fields}: {exc}") from exc
+        if not any(day <= _LONGEST_MONTH[m] for m in months for day in days):
+            raise ScheduleError(
+                f"invalid crontab {fields}: day_of_month {day_of_month!r} never occurs in "
+                f"month_of_year {month!r}"
+            )
         try:
             parsed = schedules.crontab(
                 minute=minute,
@@ -311,10 +328,8 @@ class CronSpec:
                 month_of_year=month,
                 day_of_week=day_of_week,
             )
-        except (ValueError, TypeError) as exc:
-            raise ScheduleError(
-                f"invalid crontab {minute} {hour} {day_of_month} {month} {day_of_week}: {exc}"
-            ) from exc
+        except (ValueError, TypeError, schedules.ParseException) as exc:
+            raise ScheduleError(f"invalid crontab {fields}: {exc}") from exc
         return cls(
             minutes=tuple(sorted(parsed.minute)),
             hours=tuple(sorted(parsed.hour)),
