@@ -11,10 +11,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-
-from scheduling import slots
 from django_celery_beat.models import ClockedSchedule
 
+from scheduling import slots
 from tests.unit.slot_factories import (
     GRACE,
     clocked_task,
