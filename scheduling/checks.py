@@ -38,7 +38,7 @@ def check_postgresql(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         Error(
             f"scheduling needs PostgreSQL (SELECT ... FOR UPDATE SKIP LOCKED); the default "
             f"database is {connection.vendor}.",
-            hint="Point DATABASE_URL (or DATABASES['default']) at PostgreSQL 12 or newer.",
+            hint="Point DATABASE_URL (or DATABASES['default']) at PostgreSQL 14 or newer.",
             id="scheduling.E002",
         )
     ]

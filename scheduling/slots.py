@@ -34,6 +34,8 @@ from scheduling.exceptions import ScheduleError
 #: Farthest a crontab is searched for its next match. Feb 29 on a given weekday can be 40 years
 #: apart (2072 -> 2112 for a Monday, as 2100 is not a leap year), so 41 years cover every schedule.
 MAX_SEARCH_DAYS = 366 * 41
+#: Days in each month, February of a leap year.
+_LONGEST_MONTH = dict(enumerate((31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31), start=1))
 #: Most slots counted one by one when coalescing; past it the count is a lower bound.
 MAX_COUNTED_SLOTS = 10_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -162,6 +164,10 @@ def initial_run(
     - no slot at or before it, and for an interval none less than one interval after it (stock
       beat's own next run is ``last_run_at + every``; the ledger's slots stay on the task's grid,
       so the first one is the first grid slot at or after ``last_run_at + every``);
+    - a clocked one-off with no run in the ledger that stock beat already sent
+      (``total_run_count`` above 0, or ``last_run_at`` at or after its clocked time: stock beat
+      2.9 leaves a sent one-off enabled until its next tick) is over: None, as stock beat itself
+      would disable it on that tick without sending it again;
     - switching from stock beat (``last_slot`` is None, ``last_run_at`` set): the first slot after
       it is planned however old it is, not only from ``now - grace``, so a slot that fell while
       no scheduler ran is not dropped silently: the claim applies the task's misfire policy to
@@ -169,6 +175,8 @@ def initial_run(
       missed; catch_up: replayed, capped). A slot stock beat already sent is never sent again.
     """
     if task.clocked_id is not None:
+        if last_slot is None and _stock_sent_one_off(task):
+            return None  # switching from stock beat, which already sent this one-off
         # One slot per clocked time: a re-armed one-off (a new clocked time) runs again.
         return next_run(task, last_slot or _EPOCH)
     if task.one_off and last_slot is not None and (
@@ -193,6 +201,20 @@ def initial_run(
             return next_run(task, floor)
         floor = task.date_changed
     return next_run(task, floor)
+
+
+def _stock_sent_one_off(task: PeriodicTask) -> bool:
+    """Return whether django-celery-beat's stock scheduler already sent this clocked one-off.
+
+    Stock beat counts each send in ``total_run_count`` and stamps ``last_run_at``; on its next tick
+    it disables a one-off whose count is above 0 and resets the count (``ModelEntry.is_due``),
+    and a disabled task's ``save()`` clears ``last_run_at``. So a count above 0, or a
+    ``last_run_at`` at or after the clocked time, is a send; a one-off re-armed the stock way
+    (disabled, then enabled with a new clocked time) has neither.
+    """
+    if task.total_run_count:
+        return True
+    return task.last_run_at is not None and task.last_run_at >= task.clocked.clocked_time
 
 
 def task_id_for(periodic_task_id: int, scheduled_for: datetime, trigger: str = "schedule") -> str:
@@ -282,7 +304,22 @@ class CronSpec:
     def parse(
         cls, minute: str, hour: str, day_of_month: str, month: str, day_of_week: str
     ) -> CronSpec:
-        """Expand the five fields; raise ScheduleError if Celery's parser rejects one."""
+        """Expand the five fields; raise ScheduleError if Celery's parser rejects one.
+
+        A day of the month that no month of the crontab has (31 February) is refused here, in
+        this module's words, whatever the Celery version (5.7 refuses it too, 5.5 and 5.6 do not).
+        """
+        fields = f"{minute} {hour} {day_of_month} {month} {day_of_week}"
+        try:
+            days = schedules.crontab_parser(31, 1).parse(str(day_of_month))
+            months = schedules.crontab_parser(12, 1).parse(str(month))
+        except (ValueError, TypeError, schedules.ParseException) as exc:
+            raise ScheduleError(f"invalid crontab {fields}: {exc}") from exc
+        if not any(day <= _LONGEST_MONTH[m] for m in months for day in days):
+            raise ScheduleError(
+                f"invalid crontab {fields}: day_of_month {day_of_month!r} never occurs in "
+                f"month_of_year {month!r}"
+            )
         try:
             parsed = schedules.crontab(
                 minute=minute,
@@ -291,10 +328,8 @@ class CronSpec:
                 month_of_year=month,
                 day_of_week=day_of_week,
             )
-        except (ValueError, TypeError) as exc:
-            raise ScheduleError(
-                f"invalid crontab {minute} {hour} {day_of_month} {month} {day_of_week}: {exc}"
-            ) from exc
+        except (ValueError, TypeError, schedules.ParseException) as exc:
+            raise ScheduleError(f"invalid crontab {fields}: {exc}") from exc
         return cls(
             minutes=tuple(sorted(parsed.minute)),
             hours=tuple(sorted(parsed.hour)),

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.core.paginator import Page, Paginator
 from django.db.models import (
     Aggregate,
+    Case,
     Count,
     DateTimeField,
     Exists,
@@ -30,6 +32,7 @@ from django.db.models import (
     Q,
     QuerySet,
     Value,
+    When,
 )
 from django.db.models.functions import Coalesce, Extract, Floor, Left, NullIf
 from django.utils.html import format_html
@@ -89,11 +92,22 @@ _OUTCOME_OF = {status: outcome for outcome in OUTCOMES for status in outcome.sta
 
 
 class P95(Aggregate):
-    """PostgreSQL's ``percentile_cont(0.95) WITHIN GROUP (ORDER BY expression)``; nulls ignored."""
+    """PostgreSQL's ``percentile_cont(0.95) WITHIN GROUP (ORDER BY expression)``; nulls ignored.
+
+    ``filter`` is applied as ``CASE WHEN filter THEN expression END`` inside the ordering (the
+    rows it leaves out are nulls, which the aggregate ignores), not as a FILTER clause: Django 5.2
+    wraps the template in ``... FILTER (WHERE ...)``, Django 6.0 expects a ``%(filter)s`` in it,
+    and neither shape suits the other.
+    """
 
     function = "percentile_cont"
     template = "percentile_cont(0.95) WITHIN GROUP (ORDER BY %(expressions)s)"
     output_field = FloatField()
+
+    def __init__(self, expression: Any, filter: Q | None = None, **extra: Any) -> None:
+        if filter is not None:
+            expression = Case(When(filter, then=expression), output_field=FloatField())
+        super().__init__(expression, **extra)
 
 
 def _lateness_seconds() -> Extract:

@@ -1,8 +1,9 @@
 """A PostgreSQL server of a test's own, which the test may stop and start (a database outage).
 
 The machine's PostgreSQL, and the embedded server the rest of the suite shares, must never be
-stopped; ``PrivatePostgres`` runs pgserver's bundled binaries on a fresh data folder under
-``SCHEDULING_DATA_DIR`` (``.data``), listening on a Unix socket only, whatever DATABASE_URL says.
+stopped; ``PrivatePostgres`` runs the embedded wheel's binaries (``project.embedded``) on a
+fresh data folder under ``SCHEDULING_DATA_DIR`` (``.data``), listening on a Unix socket only,
+whatever DATABASE_URL says.
 ``stop()`` is pg_ctl's fast shutdown (open sessions are ended, as in a restart), ``start()``
 brings the same server back on the same socket; ``close()`` stops it and deletes the folder.
 """
@@ -14,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +29,13 @@ class PrivatePostgres:
     """Start a PostgreSQL server on a new data folder; ``url`` is its ``postgres`` database."""
 
     def __init__(self) -> None:
-        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-        import pgserver
-
-        self.pgdata = embedded.data_dir() / f"private-pg-{uuid.uuid4().hex[:8]}"
-        server = pgserver.get_server(self.pgdata, cleanup_mode=None)  # initdb, then start
-        info = server.get_postmaster_info()
-        self._user = server.system_user  # 'pgserver' when root runs the tests
-        self._socket_dir = info.socket_dir
+        self.pgdata = (embedded.data_dir() / f"private-pg-{uuid.uuid4().hex[:8]}").resolve()
+        server = embedded.server(self.pgdata)  # initdb, then start
+        self._socket_dir = server.get_postmaster_info().socket_dir
         self.url = server.get_uri()
 
     def _pg_ctl(self, *args: str) -> None:
-        from pgserver._commands import pg_ctl
-
-        pg_ctl(["-w", "-t", "30", *args], pgdata=self.pgdata, user=self._user)
+        embedded.pg_ctl(self.pgdata, *args, timeout=30)
 
     def stop(self) -> None:
         """Fast shutdown: sessions are rolled back and closed, new connections refused."""

@@ -17,6 +17,7 @@ import sys
 import uuid
 import zipfile
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 
 import psycopg
@@ -41,6 +42,12 @@ CELERY_TASK_ANNOTATIONS = ["scheduling.guard:GuardAnnotation"]
 #: module, our database and broker, this virtualenv).
 _NOT_PASSED = ("DJANGO_", "DATABASE_URL", "CELERY_", "SCHEDULING_", "VIRTUAL_ENV", "PYTHONPATH")
 PIP = (sys.executable, "-m", "pip", "--disable-pip-version-check")
+#: What a project already has, which installing the wheel must not move.
+KEPT = ("Django", "celery", "kombu", "django-celery-beat")
+_VERSIONS = (
+    "import sys; from importlib.metadata import version\n"
+    "print(*(f'{name}=={version(name)}' for name in sys.argv[1:]))"
+)
 
 
 def _run(*args: str | Path, cwd: Path, timeout: float = 300) -> str:
@@ -84,7 +91,7 @@ def wheel(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("wheel")
     source = folder / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", ".data", "build", "*.egg-info", "__pycache__", "*.whl",
+        ".git", ".venv", ".nox", ".data", "build", "*.egg-info", "__pycache__", "*.whl",
     ))
     _run(*PIP, "wheel", "--no-deps", "--quiet", "--wheel-dir", folder / "dist", "./source",
          cwd=folder)
@@ -118,7 +125,13 @@ def test_wheel_installs_into_a_fresh_project_migrates_and_checks(tmp_path, wheel
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     python = venv / "bin" / "python"
+    # The project's own Django, Celery and django-celery-beat first (this test run's versions: a
+    # matrix cell's); installing the wheel beside them must keep them.
+    pins = [f"{name}=={version(name)}" for name in KEPT]
+    _run(*PIP, "--python", python, "install", "--quiet", *pins, cwd=tmp_path)
     _run(*PIP, "--python", python, "install", "--quiet", wheel, cwd=tmp_path)
+    installed = _run(python, "-c", _VERSIONS, *KEPT, cwd=tmp_path).split()
+    assert installed == pins
 
     site = tmp_path / "site"
     site.mkdir()
@@ -140,6 +153,6 @@ def test_wheel_installs_into_a_fresh_project_migrates_and_checks(tmp_path, wheel
         f"from django.template import loader; print(loader.get_template({template!r}).origin)",
         cwd=site,
     )
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    installed = venv / "lib" / version / "site-packages" / "scheduling"
-    assert found.splitlines()[-1] == str(installed / "templates" / template)
+    python_dir = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    app = venv / "lib" / python_dir / "site-packages" / "scheduling"
+    assert found.splitlines()[-1] == str(app / "templates" / template)

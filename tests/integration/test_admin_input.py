@@ -92,8 +92,8 @@ def test_a_crontab_that_never_fires_is_refused_and_a_rare_one_is_saved(admin_cli
     never = admin_client_.post(url, _crontab_form(day_of_month="31", month_of_year="2"))
     assert never.status_code == 200
     assert (
-        "invalid crontab 0 0 31 2 *: Invalid crontab: day_of_month &#x27;31&#x27; never occurs"
-        " in month_of_year &#x27;2&#x27;." in never.content.decode()
+        "invalid crontab 0 0 31 2 *: day_of_month &#x27;31&#x27; never occurs"
+        " in month_of_year &#x27;2&#x27;<" in never.content.decode()
     )
     assert CrontabSchedule.objects.count() == 0
     # 29 February on a Monday: years apart, but it comes

@@ -118,3 +118,46 @@ def test_pages_need_staff_and_the_view_permission_on_runs(client):
     client.logout()
     response = client.get(HEALTH)
     assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+
+
+def _admin_pages() -> list[str]:
+    """Every admin page of the app and of django-celery-beat's models (whose admin it extends):
+    the index, each app's index, and each model's changelist, add form and change form."""
+    from django.contrib import admin
+    from django.urls import NoReverseMatch
+
+    pages = [reverse("admin:index")]
+    for label in ("scheduling", "django_celery_beat"):
+        pages.append(reverse("admin:app_list", args=[label]))
+    for model in admin.site._registry:
+        meta = model._meta
+        if meta.app_label not in ("scheduling", "django_celery_beat"):
+            continue
+        prefix = f"admin:{meta.app_label}_{meta.model_name}"
+        pages.append(reverse(f"{prefix}_changelist"))
+        try:
+            pages.append(reverse(f"{prefix}_add"))
+        except NoReverseMatch:  # a page of its own only (schedule health)
+            continue
+        first = model._default_manager.order_by("pk").first()
+        if first is not None:
+            pages.append(reverse(f"{prefix}_change", args=[first.pk]))
+    return pages
+
+
+def test_every_admin_page_of_the_app_renders_with_runs_in_the_ledger(staff, make_task):
+    seed_ledger()
+    seed_replicas()
+    make_task(cron="0 7 * * 1-5", timezone="Europe/Berlin")  # the app's own crontab admin
+    pages = _admin_pages()
+    # the app's pages are all there, the schedule health page among them
+    assert {HEALTH, REPLICAS, reverse("admin:scheduling_run_changelist")} <= set(pages)
+    assert any(page.startswith("/admin/scheduling/run/") and page.endswith("/change/")
+               for page in pages)
+    statuses = {page: staff.get(page).status_code for page in pages}
+    # the ledger and the replicas are audit views, with no add form; every other page renders
+    audit = {reverse("admin:scheduling_run_add"), reverse("admin:scheduling_replica_add")}
+    assert statuses == {page: 403 if page in audit else 200 for page in pages}
+    # 3 indexes; changelist and add form of 7 models, the change form of the 5 with a row; health
+    assert len(pages) == 3 + 7 * 2 + 5 + 1
+    assert "hourly digest" in staff.get(HEALTH).content.decode()

@@ -35,7 +35,7 @@ def test_a_database_without_skip_locked_is_a_system_check_error(monkeypatch):
         (
             "scheduling needs PostgreSQL (SELECT ... FOR UPDATE SKIP LOCKED); the default "
             "database is postgresql.",
-            "Point DATABASE_URL (or DATABASES['default']) at PostgreSQL 12 or newer.",
+            "Point DATABASE_URL (or DATABASES['default']) at PostgreSQL 14 or newer.",
         )
     ]
 

@@ -19,6 +19,7 @@ from scheduling.ledger.compiled import CompiledClaim
 from scheduling.ledger.writes import insert_pending, insert_runs, planned_run
 from scheduling.models import Run
 from scheduling.schedulers import LedgerScheduler
+from tests.conftest import kombu_batches_publishes
 from tests.integration.conftest import GRACE, claim, make_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -118,7 +119,8 @@ def test_on_redis_a_claims_messages_reach_the_broker_at_the_flush(make_task):
         client.delete(queue)
         scheduler.close()
     assert [d.status for d in dispatched] == [Run.Status.DISPATCHED] * 3
-    assert waiting == [0, 3]
+    # kombu before 5.7 cannot batch: each message is in the queue once published
+    assert waiting == ([0, 3] if kombu_batches_publishes() else [3, 3])
 
 
 def test_the_claim_flushes_every_16_runs_and_records_each_runs_flush_time(make_task, recorder):

@@ -67,3 +67,48 @@ def test_crontab_slot_missed_at_the_switch_is_coalesced_not_lost(make_task, reco
     )
     task.refresh_from_db()
     assert task.total_run_count == 42
+
+
+def test_clocked_one_off_stock_beat_already_sent_is_not_sent_again(make_task, recorder):
+    # Stock beat 2.9 sent it at its clocked time and stopped before its next tick (which disables
+    # a one-off whose total_run_count is above 0): enabled, last_run_at and the count are left.
+    clocked_at = ledger.database_now() - timedelta(seconds=30)
+    task = _as_stock_beat_left_it(
+        make_task(clocked=clocked_at), clocked_at + timedelta(milliseconds=300), runs=1
+    )
+    assert task.enabled
+
+    ledger.reconcile(GRACE)
+    claim(recorder)
+    ledger.reconcile(GRACE)
+    claim(recorder)
+
+    assert recorder.messages == []
+    assert not Run.objects.filter(periodic_task=task).exists()
+    task.refresh_from_db()
+    assert (task.enabled, task.total_run_count) == (False, 1)
+
+
+def test_clocked_one_off_stock_beat_never_sent_is_sent_once_at_its_time(make_task, recorder):
+    # Stock beat ran the deployment (other tasks ran) but this one-off's time had not come.
+    clocked_at = ledger.database_now() + timedelta(seconds=2)
+    task = make_task(clocked=clocked_at)
+    assert (task.last_run_at, task.total_run_count) == (None, 0)
+
+    ledger.reconcile(GRACE)
+    run = Run.objects.pending().get(periodic_task=task)
+    assert run.scheduled_for == clocked_at
+    claim(recorder)
+    assert recorder.messages == []  # not before its time
+
+    time.sleep(max(0.0, (clocked_at - ledger.database_now()).total_seconds()) + 0.2)
+    claim(recorder)
+    ledger.reconcile(GRACE)
+    claim(recorder)
+
+    assert recorder.task_ids == [slots.task_id_for(task.pk, clocked_at)]
+    run.refresh_from_db()
+    assert run.status == Run.Status.DISPATCHED
+    assert Run.objects.filter(periodic_task=task).count() == 1
+    task.refresh_from_db()
+    assert (task.enabled, task.total_run_count) == (False, 1)

@@ -11,9 +11,17 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django_celery_beat.models import ClockedSchedule
 
 from scheduling import slots
-from tests.unit.slot_factories import GRACE, cron_task, interval_task, utc
+from tests.unit.slot_factories import (
+    GRACE,
+    clocked_task,
+    cron_task,
+    interval_task,
+    next_id,
+    utc,
+)
 
 MS = timedelta(milliseconds=1)
 
@@ -60,3 +68,40 @@ def test_crontab_slot_between_the_two_schedulers_is_planned_however_old():
     assert slots.initial_run(
         task, now, last_slot=utc(2025, 6, 2, 13), grace=GRACE
     ) == utc(2025, 6, 2, 15)
+
+
+def _clocked(at):
+    return ClockedSchedule(pk=next_id(), clocked_time=at)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        # stock beat 2.9 sent it at 09:00:00.4 and stopped before its next tick, which would have
+        # disabled it: enabled, last_run_at and total_run_count=1 are left. Not sent again.
+        ({"last_run_at": utc(2025, 6, 2, 9) + 400 * MS, "total_run_count": 1}, None),
+        # the count alone (last_run_at cleared by a save of the disabled task, then re-enabled)
+        ({"last_run_at": None, "total_run_count": 1}, None),
+        # last_run_at alone, at or after the clocked time
+        ({"last_run_at": utc(2025, 6, 2, 9), "total_run_count": 0}, None),
+        # never sent by stock beat: its one slot, however old
+        ({"last_run_at": None, "total_run_count": 0}, utc(2025, 6, 2, 9)),
+        # re-armed the stock way (disabled, enabled with a new clocked time): last_run_at from an
+        # earlier clocked time, count reset: the new time runs
+        ({"last_run_at": utc(2025, 6, 1, 9) + 400 * MS, "total_run_count": 0}, utc(2025, 6, 2, 9)),
+    ],
+)
+def test_clocked_one_off_stock_beat_already_sent_is_not_sent_again(fields, expected):
+    task = clocked_task(_clocked(utc(2025, 6, 2, 9)), date_changed=utc(2025, 6, 1, 8), **fields)
+    now = utc(2025, 6, 2, 9, 0, 20)
+    assert slots.initial_run(task, now, last_slot=None, grace=GRACE) == expected
+
+
+def test_clocked_one_off_the_ledger_ran_and_re_armed_runs_again_whatever_stock_counted():
+    # the ledger's own history decides once it has a run: a new clocked time is a new slot
+    task = clocked_task(_clocked(utc(2025, 6, 3, 9)), date_changed=utc(2025, 6, 2, 10),
+                        last_run_at=utc(2025, 6, 2, 9), total_run_count=1)
+    now = utc(2025, 6, 2, 10)
+    assert slots.initial_run(
+        task, now, last_slot=utc(2025, 6, 2, 9), grace=GRACE
+    ) == utc(2025, 6, 3, 9)
