@@ -78,7 +78,6 @@ class LedgerScheduler(DatabaseScheduler):
         self.heartbeat = Heartbeat(self.replica_id)
         self._prune = BuiltinPrune()
         self._lost = ledger.LostExecutions(conf.worker_lost_after)
-        self._published = False
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
@@ -124,7 +123,6 @@ class LedgerScheduler(DatabaseScheduler):
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Run one scheduler pass; return the seconds to sleep before the next."""
-        self._published = False
         try:
             delay = self._tick()
         except (OperationalError, InterfaceError) as exc:
@@ -139,13 +137,10 @@ class LedgerScheduler(DatabaseScheduler):
             logger.exception("scheduler tick failed", extra={"action": "tick_failed"})
             return self._failed("tick", exc)
         # A tick that never reached the broker (nothing due, or every due run locked by another
-        # replica) proves nothing about it: the broker is back only once a publish succeeded.
-        if self._failures and (self._failing != "broker" or self._published):
-            logger.warning(
-                "%s reachable again after %d failed ticks", self._failing, self._failures,
-                extra={"action": "recovered", "replica": self.replica_id},
-            )
-            self._failures = 0
+        # replica) proves nothing about it: the broker is back only once a claim's publishes
+        # succeeded, which ``_tick`` reports before a deferred stop signal can cut it short.
+        if self._failures and self._failing != "broker":
+            self._recovered()
         self.heartbeat.beat()  # display only, after the claim committed; never raises
         return delay
 
@@ -167,6 +162,8 @@ class LedgerScheduler(DatabaseScheduler):
         with _stop_signals_deferred(), self._publish_batch() as buffered:
             started = time.monotonic()
             dispatched = self._claim(grace, buffered.flush)
+            if dispatched and self._failures and self._failing == "broker":
+                self._recovered()  # published and committed: the broker took them
         self.heartbeat.claimed(len(dispatched))
         metrics.observe_claim(dispatched, self.replica_id, time.monotonic() - started)
         # More may be due (a full batch) or planned already due (a catching-up interval): look
@@ -333,7 +330,14 @@ class LedgerScheduler(DatabaseScheduler):
             if isinstance(exc.__cause__, MessageNacked):  # kombu's message for it is empty
                 raise PublishFailed("the broker refused the message (basic.nack)") from exc
             raise
-        self._published = True
+
+    def _recovered(self) -> None:
+        """Log the end of an outage once, when the database or broker answered again."""
+        logger.warning(
+            "%s reachable again after %d failed ticks", self._failing, self._failures,
+            extra={"action": "recovered", "replica": self.replica_id},
+        )
+        self._failures = 0
 
     def _failed(self, what: str, exc: Exception) -> float:
         """Log the first failure of an outage (not every tick) and return a capped backoff."""
