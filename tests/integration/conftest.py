@@ -89,8 +89,12 @@ def claim_in_flight(replica_id: str = "slow", pause: float = 1.5) -> Iterator[Re
 
 
 def late_task(make_task, policy: str | None, *, grace: int | None = 5, limit: int = 100,
-               late_by: float = 67.0, every: int = 10) -> tuple[PeriodicTask, datetime]:
-    """An interval task (every 10 s) whose pending run is its start_time, ``late_by`` s ago."""
+               late_by: float = 187.0, every: int = 30) -> tuple[PeriodicTask, datetime]:
+    """An interval task (every 30 s) whose pending run is its start_time, ``late_by`` s ago.
+
+    At the defaults slots S0..S6 are past the 5 s grace (S6 by 7 s) and S7 is 23 s ahead: a
+    claim that comes up to 20 s after set-up (a loaded machine) still sees the same slots.
+    """
     first = ledger.database_now() - timedelta(seconds=late_by)
     task = make_task(every=every, start_time=first)
     if policy is not None:
