@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,6 +28,8 @@ from scheduling.messages import load_json
 from scheduling.models import Replica, Run, ScheduleHealth, TaskPolicy
 
 RECENT_RUNS = 10
+
+logger = logging.getLogger(__name__)
 
 
 def _seconds(delta: timedelta | None) -> str:
@@ -190,15 +193,45 @@ class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
     @admin.action(
         description="Run selected tasks now (once, through the ledger)", permissions=["change"]
     )
-    def run_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
-        """Replace django-celery-beat's direct send: create one manual run per task."""
-        requested_by = request.user.get_username()
-        runs = [ledger.request_run(task, requested_by=requested_by) for task in queryset]
+    def run_tasks(
+        self, request: HttpRequest, queryset: QuerySet[PeriodicTask]
+    ) -> TemplateResponse | None:
+        """Replace django-celery-beat's direct send: create one manual run per task.
+
+        A disabled or finished task (``ledger.run_now_refusal``) is run only once the user
+        confirmed it on a page that names why it would not run on its own.
+        """
+        now = ledger.database_now()
+        tasks = list(queryset)
+        refused = [(task, why) for task in tasks if (why := ledger.run_now_refusal(task, now))]
+        if refused and "confirm" not in request.POST:
+            return self._action_page(
+                request, "run_now_confirm.html", "Run disabled or finished tasks now?",
+                refused=refused, tasks=tasks,
+            )
+        who = request.user.get_username()
+        for task in tasks:
+            ledger.request_run(task, requested_by=who, force=True)
+        logger.info(
+            "%d manual run(s) requested by %s in the admin: %s", len(tasks), who,
+            ", ".join(repr(task.name) for task in tasks), extra={"action": "run_now"},
+        )
         self.message_user(
             request,
-            f"{len(runs)} manual run(s) queued; a beat replica dispatches each exactly once.",
+            f"{len(tasks)} manual run(s) queued; a beat replica dispatches each exactly once.",
             messages.SUCCESS,
         )
+        return None
+
+    def _action_page(
+        self, request: HttpRequest, template: str, title: str, **context: Any
+    ) -> TemplateResponse:
+        """An action's intermediate page (``admin/scheduling/<template>``) in the admin's frame."""
+        context = {
+            **self.admin_site.each_context(request), "title": title, "opts": self.model._meta,
+            **context,
+        }
+        return TemplateResponse(request, f"admin/scheduling/{template}", context)
 
     @admin.action(description="Backfill selected tasks over a past range", permissions=["change"])
     def backfill_tasks(
@@ -207,26 +240,27 @@ class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
         """Ask for a range (a form page), then create the backfill runs through the ledger."""
         form = BackfillForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
-            context = {
-                **self.admin_site.each_context(request),
-                "title": "Backfill periodic tasks",
-                "form": form,
-                "queryset": queryset,
-                "opts": self.model._meta,
-            }
-            return TemplateResponse(request, "admin/scheduling/backfill.html", context)
+            return self._action_page(
+                request, "backfill.html", "Backfill periodic tasks", form=form, queryset=queryset
+            )
         since, until = form.cleaned_data["since"], form.cleaned_data["until"]
         who = request.user.get_username()
         for task in queryset:
+            # The admin capitalises a message's first letter: the task's name comes after it.
             try:
                 total = ledger.backfill(task, since, until, requested_by=who)
             except SchedulingError as exc:
-                self.message_user(request, f"{task.name}: {exc}", messages.ERROR)
+                self.message_user(request, f"Backfill of {task.name!r}: {exc}", messages.ERROR)
                 continue
+            logger.info(
+                "backfill of %r %s..%s requested by %s in the admin: %d slots, %d new runs",
+                task.name, since.isoformat(), until.isoformat(), who, total.slots, total.created,
+                extra={"action": "backfill"},
+            )
             self.message_user(
                 request,
-                f"{task.name}: {total.slots} slots, {total.created} new backfill runs "
-                f"({total.slots - total.created} already there).",
+                f"Backfill of {task.name!r}: {total.slots} slots, {total.created} new backfill "
+                f"runs ({total.slots - total.created} already there).",
                 messages.SUCCESS,
             )
         return None
