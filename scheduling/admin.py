@@ -10,10 +10,10 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import F, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django_celery_beat.admin import CrontabScheduleAdmin as BaseCrontabScheduleAdmin
@@ -21,13 +21,15 @@ from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
-from scheduling import ledger, replicas, slots, timeline
+from scheduling import ledger, preview, replicas, slots, timeline
 from scheduling.conf import conf
 from scheduling.exceptions import RunRejected, ScheduleError, SchedulingError
 from scheduling.messages import load_json
 from scheduling.models import Replica, Run, ScheduleHealth, TaskPolicy
 
 RECENT_RUNS = 10
+#: The form fields a preview of upcoming runs reads.
+_PREVIEWED = (*preview.SCHEDULE_FIELDS, *preview.SLOT_FIELDS)
 
 logger = logging.getLogger(__name__)
 
@@ -154,14 +156,59 @@ class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
     inlines = [TaskPolicyInline]
     actions = (*BasePeriodicTaskAdmin.actions, "backfill_tasks")
 
+    class Media:
+        js = ("scheduling/upcoming_preview.js",)
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
-        return (*super().get_readonly_fields(request, obj), "recent_runs")
+        return (*super().get_readonly_fields(request, obj), "upcoming_runs", "recent_runs")
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets = list(super().get_fieldsets(request, obj))
+        fieldsets.append(("Upcoming runs", {"fields": ("upcoming_runs",)}))
         if obj is not None:
             fieldsets.append(("Recent runs", {"fields": ("recent_runs",)}))
         return fieldsets
+
+    def get_urls(self) -> list[URLPattern]:
+        preview = path(
+            "upcoming-preview/",
+            self.admin_site.admin_view(self.upcoming_preview_view),
+            name="django_celery_beat_periodictask_upcoming_preview",
+        )
+        return [preview, *super().get_urls()]
+
+    @admin.display(description="next runs")
+    def upcoming_runs(self, obj: PeriodicTask) -> str:
+        """The saved task's next slots (UTC and its zone), then the edited schedule's preview."""
+        url = reverse("admin:django_celery_beat_periodictask_upcoming_preview")
+        if obj.pk is None:
+            saved = "Choose a schedule and press the button to see its next runs before saving."
+        else:
+            saved = preview.render(obj, ledger.database_now(), "As saved:")
+        return preview.field(saved, url)
+
+    def upcoming_preview_view(self, request: HttpRequest) -> HttpResponse:
+        """POST of the unsaved form: return the HTML table of its schedule's next slots."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not (self.has_add_permission(request) or self.has_change_permission(request)):
+            raise PermissionDenied
+        form = self.get_form(request)(request.POST)
+        form.is_valid()  # errors of other fields (the task name, say) do not stop a preview
+        now = ledger.database_now()
+        bad = [f"{name}: {' '.join(form.errors[name])}" for name in _PREVIEWED if name in form.errors]
+        try:
+            if bad:
+                raise ScheduleError("; ".join(bad))
+            task = preview.candidate(form.cleaned_data, now)
+            start = preview.preview_start(request.POST.get("upcoming_from", ""), now)
+        except (ScheduleError, ValueError) as exc:
+            return HttpResponse(
+                format_html('<p class="errornote upcoming-error">No preview: {}</p>', exc)
+            )
+        after = "" if start == now else f", after {start:%Y-%m-%d %H:%M:%S} UTC"
+        about = f"The edited schedule, if saved now{after}:"
+        return HttpResponse(preview.render(task, start, about))
 
     @admin.display(description="recent runs")
     def recent_runs(self, obj: PeriodicTask) -> str:

@@ -41,6 +41,16 @@ class UpcomingRun:
         return format_offset(self.local.utcoffset() or timedelta(0))
 
     @property
+    def utc_text(self) -> str:
+        """The slot in UTC to the second: ``2027-03-28 01:00:00``."""
+        return f"{self.slot:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def local_text(self) -> str:
+        """The slot in its zone with the zone's abbreviation: ``2027-03-28 03:00:00 CEST``."""
+        return f"{self.local:%Y-%m-%d %H:%M:%S %Z}"
+
+    @property
     def dst_note(self) -> str:
         """``"DST change: UTC offset +01:00 -> +02:00"``, or "" when the offset did not change."""
         if self.offset_change is None:
@@ -54,10 +64,10 @@ class UpcomingRun:
         ``2027-03-28 01:00:00 UTC (2027-03-28 03:00:00 CEST Europe/Berlin; DST change: UTC
         offset +01:00 -> +02:00)``; ``2026-01-05 10:00:00 UTC`` for a task in UTC.
         """
-        notes = [] if self.zone == "UTC" else [f"{self.local:%Y-%m-%d %H:%M:%S %Z} {self.zone}"]
+        notes = [] if self.zone == "UTC" else [f"{self.local_text} {self.zone}"]
         if self.dst_note:
             notes.append(self.dst_note)
-        words = f"{self.slot:%Y-%m-%d %H:%M:%S} UTC"
+        words = f"{self.utc_text} UTC"
         return f"{words} ({'; '.join(notes)})" if notes else words
 
     def as_json(self) -> dict[str, object]:
