@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PREVIEW = "admin:django_celery_beat_periodictask_upcoming_preview"
 ROW = re.compile(
     r"<tr(?: class=\"dst-change\")?><td>(\d+)</td><td>([^<]*)</td><td>([^<]*)</td>"
-    r"<td>([^<]*)</td><td>([^<]*)</td></tr>"
+    r"<td>([^<]*)</td><td>(?:<strong>)?([^<]*)(?:</strong>)?</td></tr>"
 )
 #: 2027-03-25 to 2027-04-03 of "30 2 * * *" in Europe/Berlin: (UTC, local, offset, note).
 BERLIN_ROWS = [
@@ -105,8 +105,10 @@ def test_the_preview_of_an_interval_counts_from_the_save(admin_client_, make_tas
 @pytest.mark.parametrize(
     ("form", "shown"),
     [
-        ({"enabled": "on"}, "No preview: choose exactly one schedule (interval, crontab, solar "
-                            "or clocked), not 0"),
+        (
+            {"enabled": "on"},
+            "No preview: choose exactly one schedule (interval, crontab, solar or clocked), not 0",
+        ),
         ({"crontab": "999999", "enabled": "on"}, "No preview: crontab: Select a valid choice."),
         ({"crontab": "{berlin}", "upcoming_from": "soon"},
          "No preview: Invalid isoformat string: &#x27;soon&#x27;"),
