@@ -10,7 +10,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django_celery_beat.models import PeriodicTask
 
@@ -19,7 +19,6 @@ from scheduling.clock import database_now
 from scheduling.exceptions import BackfillRejected, RunNowRefused
 from scheduling.ledger.writes import insert_runs, planned_run
 from scheduling.models import Run
-from scheduling.overview import format_time
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +70,16 @@ def run_now_refusal(task: PeriodicTask, now: datetime) -> str | None:
 
 def _finished(task: PeriodicTask, now: datetime) -> str:
     if task.expires is not None and task.expires <= now:
-        return f"it expired at {format_time(task.expires)}"
+        return f"it expired at {_utc(task.expires)}"
     if task.clocked_id is not None and task.clocked.clocked_time <= now:
-        return f"its clocked time {format_time(task.clocked.clocked_time)} has passed"
+        return f"its clocked time {_utc(task.clocked.clocked_time)} has passed"
     if task.one_off and (task.last_run_at is not None or task.total_run_count):
         return "its one-off run is done"
     return ""
+
+
+def _utc(moment: datetime) -> str:
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 @dataclass(frozen=True)
