@@ -10,10 +10,10 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import F, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django_celery_beat.admin import CrontabScheduleAdmin as BaseCrontabScheduleAdmin
@@ -28,8 +28,6 @@ from scheduling.messages import load_json
 from scheduling.models import Replica, Run, ScheduleHealth, TaskPolicy
 
 RECENT_RUNS = 10
-#: The form fields a preview of upcoming runs reads.
-_PREVIEWED = (*preview.SCHEDULE_FIELDS, *preview.SLOT_FIELDS)
 
 logger = logging.getLogger(__name__)
 
@@ -149,15 +147,12 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
 
 
 @admin.register(PeriodicTask)
-class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
-    """django-celery-beat's periodic task admin, with recent runs and "Run now" via the ledger."""
+class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
+    """django-celery-beat's periodic task admin: recent and upcoming runs, run now via the ledger."""
 
     form = PeriodicTaskForm
     inlines = [TaskPolicyInline]
     actions = (*BasePeriodicTaskAdmin.actions, "backfill_tasks")
-
-    class Media:
-        js = ("scheduling/upcoming_preview.js",)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         return (*super().get_readonly_fields(request, obj), "upcoming_runs", "recent_runs")
@@ -169,46 +164,13 @@ class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
             fieldsets.append(("Recent runs", {"fields": ("recent_runs",)}))
         return fieldsets
 
-    def get_urls(self) -> list[URLPattern]:
-        preview = path(
-            "upcoming-preview/",
-            self.admin_site.admin_view(self.upcoming_preview_view),
-            name="django_celery_beat_periodictask_upcoming_preview",
-        )
-        return [preview, *super().get_urls()]
+    def saved_task(self, obj: PeriodicTask) -> PeriodicTask:
+        return obj
 
-    @admin.display(description="next runs")
-    def upcoming_runs(self, obj: PeriodicTask) -> str:
-        """The saved task's next slots (UTC and its zone), then the edited schedule's preview."""
-        url = reverse("admin:django_celery_beat_periodictask_upcoming_preview")
-        if obj.pk is None:
-            saved = "Choose a schedule and press the button to see its next runs before saving."
-        else:
-            saved = preview.render(obj, ledger.database_now(), "As saved:")
-        return preview.field(saved, url)
-
-    def upcoming_preview_view(self, request: HttpRequest) -> HttpResponse:
-        """POST of the unsaved form: return the HTML table of its schedule's next slots."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        if not (self.has_add_permission(request) or self.has_change_permission(request)):
-            raise PermissionDenied
-        form = self.get_form(request)(request.POST)
-        form.is_valid()  # errors of other fields (the task name, say) do not stop a preview
-        now = ledger.database_now()
-        bad = [f"{name}: {' '.join(form.errors[name])}" for name in _PREVIEWED if name in form.errors]
-        try:
-            if bad:
-                raise ScheduleError("; ".join(bad))
-            task = preview.candidate(form.cleaned_data, now)
-            start = preview.preview_start(request.POST.get("upcoming_from", ""), now)
-        except (ScheduleError, ValueError) as exc:
-            return HttpResponse(
-                format_html('<p class="errornote upcoming-error">No preview: {}</p>', exc)
-            )
-        after = "" if start == now else f", after {start:%Y-%m-%d %H:%M:%S} UTC"
-        about = f"The edited schedule, if saved now{after}:"
-        return HttpResponse(preview.render(task, start, about))
+    def edited_task(self, form: forms.ModelForm, now: datetime) -> PeriodicTask:
+        """The form's schedule fields only: the task name, say, may still be missing."""
+        preview.form_errors(form, (*preview.SCHEDULE_FIELDS, *preview.SLOT_FIELDS))
+        return preview.candidate(form.cleaned_data, now)
 
     @admin.display(description="recent runs")
     def recent_runs(self, obj: PeriodicTask) -> str:
@@ -398,20 +360,17 @@ class ScheduleHealthAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "admin/scheduling/schedule_health.html", context)
 
 
-_CRONTAB_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week", "timezone")
-
-
 class CrontabScheduleForm(forms.ModelForm):
     """A crontab that never fires (day 31 of February, say) is refused at input."""
 
     class Meta:
         model = CrontabSchedule
-        fields = _CRONTAB_FIELDS
+        fields = preview.CRONTAB_FIELDS
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if all(data.get(field) not in (None, "") for field in _CRONTAB_FIELDS):
-            candidate = CrontabSchedule(**{field: data[field] for field in _CRONTAB_FIELDS})
+        if all(data.get(field) not in (None, "") for field in preview.CRONTAB_FIELDS):
+            candidate = CrontabSchedule(**{field: data[field] for field in preview.CRONTAB_FIELDS})
             try:
                 slots.next_crontab(candidate, timezone.now())
             except ScheduleError as exc:
@@ -423,7 +382,20 @@ admin.site.unregister(CrontabSchedule)
 
 
 @admin.register(CrontabSchedule)
-class CrontabScheduleAdmin(BaseCrontabScheduleAdmin):
-    """django-celery-beat's crontab admin with ``CrontabScheduleForm``."""
+class CrontabScheduleAdmin(preview.UpcomingRunsAdmin, BaseCrontabScheduleAdmin):
+    """django-celery-beat's crontab admin with ``CrontabScheduleForm`` and upcoming runs."""
 
     form = CrontabScheduleForm
+    fields = (*BaseCrontabScheduleAdmin.fields, "upcoming_runs")
+    readonly_fields = (*BaseCrontabScheduleAdmin.readonly_fields, "upcoming_runs")
+
+    def saved_task(self, obj: CrontabSchedule) -> PeriodicTask:
+        return preview.crontab_task(obj, ledger.database_now())
+
+    def edited_task(self, form: forms.ModelForm, now: datetime) -> PeriodicTask:
+        """The crontab as edited, for a task without a start time that uses it."""
+        preview.form_errors(form, preview.CRONTAB_FIELDS, non_field=True)
+        data = form.cleaned_data
+        return preview.crontab_task(
+            CrontabSchedule(**{name: data[name] for name in preview.CRONTAB_FIELDS}), now
+        )

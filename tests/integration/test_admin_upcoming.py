@@ -76,7 +76,7 @@ def test_a_disabled_task_page_says_there_are_none(admin_client_, make_task):
 
 def test_the_add_page_offers_the_preview(admin_client_):
     page = admin_client_.get(reverse("admin:django_celery_beat_periodictask_add")).content.decode()
-    assert "Choose a schedule and press the button" in page
+    assert "Fill in the schedule and press the button" in page
     assert f'data-url="{reverse(PREVIEW)}"' in page
 
 
@@ -128,3 +128,38 @@ def test_the_preview_is_a_post_for_users_who_may_edit_tasks(admin_client_, clien
     viewer.user_permissions.add(Permission.objects.get(codename="view_periodictask"))
     client.force_login(viewer)
     assert client.post(reverse(PREVIEW), {"crontab": berlin.pk}).status_code == 403
+
+
+CRONTAB_PREVIEW = "admin:django_celery_beat_crontabschedule_upcoming_preview"
+CRONTAB_FORM = {"minute": "30", "hour": "2", "day_of_month": "*", "month_of_year": "*",
+                "day_of_week": "*", "timezone": "Europe/Berlin"}
+
+
+def test_the_crontab_page_and_its_preview(admin_client_, berlin):
+    page = admin_client_.get(
+        reverse("admin:django_celery_beat_crontabschedule_change", args=[berlin.pk])
+    ).content.decode()
+    assert "As saved:" in page and len(_rows(page)) == 10
+    assert f'data-url="{reverse(CRONTAB_PREVIEW)}"' in page
+    edited = {**CRONTAB_FORM, "hour": "3", "upcoming_from": "2027-03-25T00:00"}
+    shown = admin_client_.post(reverse(CRONTAB_PREVIEW), edited).content.decode()
+    assert [row[:2] for row in _rows(shown)[2:5]] == [
+        ("2027-03-27 02:30:00", "2027-03-27 03:30:00 CET"),
+        ("2027-03-28 01:30:00", "2027-03-28 03:30:00 CEST"),  # 03:30 exists: no transition
+        ("2027-03-29 01:30:00", "2027-03-29 03:30:00 CEST"),
+    ]
+    same = admin_client_.post(
+        reverse(CRONTAB_PREVIEW), {**CRONTAB_FORM, "upcoming_from": "2027-03-25T00:00"}
+    ).content.decode()
+    assert _rows(same) == BERLIN_ROWS
+    berlin.refresh_from_db()
+    assert berlin.hour == "2"  # nothing was saved
+
+
+def test_the_crontab_preview_names_a_crontab_that_never_fires(admin_client_):
+    never = {**CRONTAB_FORM, "day_of_month": "31", "month_of_year": "2"}
+    shown = admin_client_.post(reverse(CRONTAB_PREVIEW), never).content.decode()
+    assert shown == (
+        '<p class="errornote upcoming-error">No preview: invalid crontab 30 2 31 2 *: '
+        "day_of_month &#x27;31&#x27; never occurs in month_of_year &#x27;2&#x27;</p>"
+    )
