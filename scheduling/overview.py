@@ -97,7 +97,7 @@ def _upcoming(task: PeriodicTask, now: datetime, count: int) -> dict[str, Any]:
         return {}
     try:
         return {"upcoming": tuple(upcoming_runs(task, now, count))}
-    except ScheduleError as exc:
+    except (ScheduleError, LookupError) as exc:  # LookupError: a crontab zone zoneinfo lacks
         return {"upcoming_error": str(exc)}
 
 
