@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,13 +21,15 @@ from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
-from scheduling import ledger, replicas, slots, timeline
+from scheduling import ledger, preview, replicas, slots, timeline
 from scheduling.conf import conf
 from scheduling.exceptions import RunRejected, ScheduleError, SchedulingError
 from scheduling.messages import load_json
 from scheduling.models import Replica, Run, ScheduleHealth, TaskPolicy
 
 RECENT_RUNS = 10
+
+logger = logging.getLogger(__name__)
 
 
 def _seconds(delta: timedelta | None) -> str:
@@ -144,21 +147,30 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
 
 
 @admin.register(PeriodicTask)
-class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
-    """django-celery-beat's periodic task admin, with recent runs and "Run now" via the ledger."""
+class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
+    """django-celery-beat's periodic task admin: recent and upcoming runs, run now via the ledger."""
 
     form = PeriodicTaskForm
     inlines = [TaskPolicyInline]
     actions = (*BasePeriodicTaskAdmin.actions, "backfill_tasks")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
-        return (*super().get_readonly_fields(request, obj), "recent_runs")
+        return (*super().get_readonly_fields(request, obj), "upcoming_runs", "recent_runs")
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets = list(super().get_fieldsets(request, obj))
+        fieldsets.append(("Upcoming runs", {"fields": ("upcoming_runs",)}))
         if obj is not None:
             fieldsets.append(("Recent runs", {"fields": ("recent_runs",)}))
         return fieldsets
+
+    def saved_task(self, obj: PeriodicTask) -> PeriodicTask:
+        return obj
+
+    def edited_task(self, form: forms.ModelForm, now: datetime) -> PeriodicTask:
+        """The form's schedule fields only: the task name, say, may still be missing."""
+        preview.form_errors(form, (*preview.SCHEDULE_FIELDS, *preview.SLOT_FIELDS))
+        return preview.candidate(form.cleaned_data, now)
 
     @admin.display(description="recent runs")
     def recent_runs(self, obj: PeriodicTask) -> str:
@@ -190,15 +202,45 @@ class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
     @admin.action(
         description="Run selected tasks now (once, through the ledger)", permissions=["change"]
     )
-    def run_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
-        """Replace django-celery-beat's direct send: create one manual run per task."""
-        requested_by = request.user.get_username()
-        runs = [ledger.request_run(task, requested_by=requested_by) for task in queryset]
+    def run_tasks(
+        self, request: HttpRequest, queryset: QuerySet[PeriodicTask]
+    ) -> TemplateResponse | None:
+        """Replace django-celery-beat's direct send: create one manual run per task.
+
+        A disabled or finished task (``ledger.run_now_refusal``) is run only once the user
+        confirmed it on a page that names why it would not run on its own.
+        """
+        now = ledger.database_now()
+        tasks = list(queryset)
+        refused = [(task, why) for task in tasks if (why := ledger.run_now_refusal(task, now))]
+        if refused and "confirm" not in request.POST:
+            return self._action_page(
+                request, "run_now_confirm.html", "Run disabled or finished tasks now?",
+                refused=refused, tasks=tasks,
+            )
+        who = request.user.get_username()
+        for task in tasks:
+            ledger.request_run(task, requested_by=who, force=True)
+        logger.info(
+            "%d manual run(s) requested by %s in the admin: %s", len(tasks), who,
+            ", ".join(repr(task.name) for task in tasks), extra={"action": "run_now"},
+        )
         self.message_user(
             request,
-            f"{len(runs)} manual run(s) queued; a beat replica dispatches each exactly once.",
+            f"{len(tasks)} manual run(s) queued; a beat replica dispatches each exactly once.",
             messages.SUCCESS,
         )
+        return None
+
+    def _action_page(
+        self, request: HttpRequest, template: str, title: str, **context: Any
+    ) -> TemplateResponse:
+        """An action's intermediate page (``admin/scheduling/<template>``) in the admin's frame."""
+        context = {
+            **self.admin_site.each_context(request), "title": title, "opts": self.model._meta,
+            **context,
+        }
+        return TemplateResponse(request, f"admin/scheduling/{template}", context)
 
     @admin.action(description="Backfill selected tasks over a past range", permissions=["change"])
     def backfill_tasks(
@@ -207,26 +249,27 @@ class PeriodicTaskAdmin(BasePeriodicTaskAdmin):
         """Ask for a range (a form page), then create the backfill runs through the ledger."""
         form = BackfillForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
-            context = {
-                **self.admin_site.each_context(request),
-                "title": "Backfill periodic tasks",
-                "form": form,
-                "queryset": queryset,
-                "opts": self.model._meta,
-            }
-            return TemplateResponse(request, "admin/scheduling/backfill.html", context)
+            return self._action_page(
+                request, "backfill.html", "Backfill periodic tasks", form=form, queryset=queryset
+            )
         since, until = form.cleaned_data["since"], form.cleaned_data["until"]
         who = request.user.get_username()
         for task in queryset:
+            # The admin capitalises a message's first letter: the task's name comes after it.
             try:
                 total = ledger.backfill(task, since, until, requested_by=who)
             except SchedulingError as exc:
-                self.message_user(request, f"{task.name}: {exc}", messages.ERROR)
+                self.message_user(request, f"Backfill of {task.name!r}: {exc}", messages.ERROR)
                 continue
+            logger.info(
+                "backfill of %r %s..%s requested by %s in the admin: %d slots, %d new runs",
+                task.name, since.isoformat(), until.isoformat(), who, total.slots, total.created,
+                extra={"action": "backfill"},
+            )
             self.message_user(
                 request,
-                f"{task.name}: {total.slots} slots, {total.created} new backfill runs "
-                f"({total.slots - total.created} already there).",
+                f"Backfill of {task.name!r}: {total.slots} slots, {total.created} new backfill "
+                f"runs ({total.slots - total.created} already there).",
                 messages.SUCCESS,
             )
         return None
@@ -317,20 +360,17 @@ class ScheduleHealthAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "admin/scheduling/schedule_health.html", context)
 
 
-_CRONTAB_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week", "timezone")
-
-
 class CrontabScheduleForm(forms.ModelForm):
     """A crontab that never fires (day 31 of February, say) is refused at input."""
 
     class Meta:
         model = CrontabSchedule
-        fields = _CRONTAB_FIELDS
+        fields = preview.CRONTAB_FIELDS
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if all(data.get(field) not in (None, "") for field in _CRONTAB_FIELDS):
-            candidate = CrontabSchedule(**{field: data[field] for field in _CRONTAB_FIELDS})
+        if all(data.get(field) not in (None, "") for field in preview.CRONTAB_FIELDS):
+            candidate = CrontabSchedule(**{field: data[field] for field in preview.CRONTAB_FIELDS})
             try:
                 slots.next_crontab(candidate, timezone.now())
             except ScheduleError as exc:
@@ -342,7 +382,20 @@ admin.site.unregister(CrontabSchedule)
 
 
 @admin.register(CrontabSchedule)
-class CrontabScheduleAdmin(BaseCrontabScheduleAdmin):
-    """django-celery-beat's crontab admin with ``CrontabScheduleForm``."""
+class CrontabScheduleAdmin(preview.UpcomingRunsAdmin, BaseCrontabScheduleAdmin):
+    """django-celery-beat's crontab admin with ``CrontabScheduleForm`` and upcoming runs."""
 
     form = CrontabScheduleForm
+    fields = (*BaseCrontabScheduleAdmin.fields, "upcoming_runs")
+    readonly_fields = (*BaseCrontabScheduleAdmin.readonly_fields, "upcoming_runs")
+
+    def saved_task(self, obj: CrontabSchedule) -> PeriodicTask:
+        return preview.crontab_task(obj, ledger.database_now())
+
+    def edited_task(self, form: forms.ModelForm, now: datetime) -> PeriodicTask:
+        """The crontab as edited, for a task without a start time that uses it."""
+        preview.form_errors(form, preview.CRONTAB_FIELDS, non_field=True)
+        data = form.cleaned_data
+        return preview.crontab_task(
+            CrontabSchedule(**{name: data[name] for name in preview.CRONTAB_FIELDS}), now
+        )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from cron_descriptor import (
     ExpressionDescriptor,
@@ -18,8 +19,11 @@ from cron_descriptor import (
 from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Subquery
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
+from scheduling.clock import database_now
 from scheduling.durations import seconds
+from scheduling.exceptions import ScheduleError
 from scheduling.models import Run
+from scheduling.upcoming import UpcomingRun, upcoming_runs
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,9 @@ class TaskStatus:
     ``next_run``: the earliest pending run's slot; ``last_status`` and ``last_run``: the newest
     run by slot that is neither pending nor cancelled (its status and slot); ``lateness``:
     dispatched_at - scheduled_for of the newest dispatched scheduled run, seconds. Datetimes are
-    aware, UTC; each is None when there is no such run.
+    aware, UTC; each is None when there is no such run. ``upcoming``: the next slots after the
+    database clock (``scheduling.upcoming``), as many as asked for; ``upcoming_error``: why the
+    schedule gives none (a ScheduleError's text), else "".
     """
 
     name: str
@@ -39,10 +45,12 @@ class TaskStatus:
     last_status: str | None
     last_run: datetime | None
     lateness: float | None
+    upcoming: tuple[UpcomingRun, ...] = ()
+    upcoming_error: str = ""
 
 
-def task_statuses() -> list[TaskStatus]:
-    """Return every periodic task's status, by name."""
+def task_statuses(upcoming: int = 0) -> list[TaskStatus]:
+    """Return every periodic task's status, by name, with its next ``upcoming`` slots (>= 0)."""
     runs = Run.objects.filter(periodic_task=OuterRef("pk"))
     pending = runs.pending().order_by("scheduled_for", "pk")
     last = runs.exclude(status__in=(Run.Status.PENDING, Run.Status.CANCELLED)).order_by(
@@ -68,6 +76,7 @@ def task_statuses() -> list[TaskStatus]:
         )
         .order_by("name")
     )
+    now = database_now()
     return [
         TaskStatus(
             name=task.name,
@@ -77,9 +86,19 @@ def task_statuses() -> list[TaskStatus]:
             last_status=task.last_status,
             last_run=task.last_run,
             lateness=seconds(task.lateness),
+            **_upcoming(task, now, upcoming),
         )
         for task in tasks
     ]
+
+
+def _upcoming(task: PeriodicTask, now: datetime, count: int) -> dict[str, Any]:
+    if not count:
+        return {}
+    try:
+        return {"upcoming": tuple(upcoming_runs(task, now, count))}
+    except (ScheduleError, LookupError) as exc:  # LookupError: a crontab zone zoneinfo lacks
+        return {"upcoming_error": str(exc)}
 
 
 def describe_schedule(task: PeriodicTask) -> str:

@@ -34,7 +34,7 @@ from scheduling.ledger.execution import (
     record_started,
 )
 from scheduling.ledger.lost import LostExecutions, close_lost_executions
-from scheduling.ledger.manual import BackfillProgress, backfill, request_run
+from scheduling.ledger.manual import BackfillProgress, backfill, request_run, run_now_refusal
 from scheduling.ledger.planning import plan_missing
 from scheduling.ledger.policy import MISSED_ROWS_LIMIT, MisfireDecision
 from scheduling.ledger.pooler import keeps_prepared, pooled
@@ -95,4 +95,5 @@ __all__ = [
     "redeliver",
     "replan_edited",
     "request_run",
+    "run_now_refusal",
 ]

@@ -10,25 +10,31 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import slots
 from scheduling.clock import database_now
-from scheduling.exceptions import BackfillRejected
+from scheduling.exceptions import BackfillRejected, RunNowRefused
 from scheduling.ledger.writes import insert_runs, planned_run
 from scheduling.models import Run
 
 logger = logging.getLogger(__name__)
 
 
-def request_run(task: PeriodicTask, *, requested_by: str = "", using: str = "default") -> Run:
-    """Create a manual run of ``task`` due now; a replica dispatches it exactly once.
+def request_run(
+    task: PeriodicTask, *, requested_by: str = "", force: bool = False, using: str = "default"
+) -> Run:
+    """Create a manual run of ``task`` due now (database clock); a replica dispatches it once.
 
-    Manual runs do not move the schedule: the task's next scheduled run stays where it is.
+    Manual runs do not move the schedule: the task's next scheduled run stays where it is (the
+    claim plans and updates ``last_run_at`` for scheduled runs only). A disabled or finished task
+    (``run_now_refusal``) is refused with RunNowRefused, whose message says why, unless ``force``.
     """
     now = database_now(using)
+    if not force and (why := run_now_refusal(task, now)) is not None:
+        raise RunNowRefused(why)
     run = Run.objects.using(using).create(
         periodic_task=task,
         periodic_task_name=task.name,
@@ -38,11 +44,42 @@ def request_run(task: PeriodicTask, *, requested_by: str = "", using: str = "def
         task_id=str(uuid.uuid4()),
         requested_by=requested_by,
     )
-    logger.info(
+    # Debug: the caller reports the result (a command's stdout line, the admin's message).
+    logger.debug(
         "manual run of %r requested by %s", task.name, requested_by or "-",
         extra={"action": "run_now"},
     )
     return run
+
+
+def run_now_refusal(task: PeriodicTask, now: datetime) -> str | None:
+    """Return why a manual run of ``task`` needs forcing, or None when it may simply run.
+
+    ``now`` is an aware datetime (the database clock). A task is finished when its ``expires`` is
+    at or before ``now``, when its clocked time has passed, or when it is a one-off that has run
+    (``last_run_at`` or ``total_run_count`` set, as the claim and stock beat leave them); it is
+    disabled when ``enabled`` is off. The text names the task as written: ``'nightly report' is
+    finished (its clocked time 2026-01-05 10:00:00 UTC has passed) and disabled``.
+    """
+    finished = _finished(task, now)
+    parts = [f"finished ({finished})"] if finished else []
+    if not task.enabled:
+        parts.append("disabled")
+    return f"{task.name!r} is {' and '.join(parts)}" if parts else None
+
+
+def _finished(task: PeriodicTask, now: datetime) -> str:
+    if task.expires is not None and task.expires <= now:
+        return f"it expired at {_utc(task.expires)}"
+    if task.clocked_id is not None and task.clocked.clocked_time <= now:
+        return f"its clocked time {_utc(task.clocked.clocked_time)} has passed"
+    if task.one_off and (task.last_run_at is not None or task.total_run_count):
+        return "its one-off run is done"
+    return ""
+
+
+def _utc(moment: datetime) -> str:
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 @dataclass(frozen=True)
@@ -102,7 +139,7 @@ def backfill(
             flush()
     if chunk:
         flush()
-    logger.info(
+    logger.debug(  # the caller reports the totals (the command's line, the admin's message)
         "backfill of %r %s..%s by %s: %d slots, %d new runs",
         task.name, since.isoformat(), until.isoformat(), requested_by or "-", seen, created,
         extra={"action": "backfill"},

@@ -120,7 +120,7 @@ def prune(
         if progress is not None and counts:
             progress(sum(counts.values()))
     if total:
-        logger.info(
+        logger.debug(  # the command prints the counts; the built-in prune logs its own line
             "pruned %d finished runs older than %s (keeping %d per task): %s",
             sum(total.values()), plan.cutoff.isoformat(), plan.keep_last, total,
             extra={"action": "prune"},

@@ -101,7 +101,7 @@ def _backfill_action(client, task, **range_):
 def test_backfill_action_asks_for_a_range_then_creates_the_runs_once(admin_client_, make_task):
     from tests.conftest import utc
 
-    task = make_task(every=60, start_time=utc(2026, 1, 5, 10, 0))
+    task = make_task(every=60, start_time=utc(2026, 1, 5, 10, 0), name="demo: record every minute")
     form = _backfill_action(admin_client_, task)
     assert form.status_code == 200
     assert 'name="since"' in form.content.decode()
@@ -110,8 +110,15 @@ def test_backfill_action_asks_for_a_range_then_creates_the_runs_once(admin_clien
     range_ = {"since": "2026-01-05 10:00:00", "until": "2026-01-05 10:05:00", "apply": "1"}
     done = _backfill_action(admin_client_, task, **range_)
     again = _backfill_action(admin_client_, task, **range_)
-    assert "5 slots, 5 new backfill runs (0 already there)" in done.content.decode()
-    assert "5 slots, 0 new backfill runs (5 already there)" in again.content.decode()
+    # The task's name as written: the admin capitalises a message's first letter, not the name.
+    name = "&#x27;demo: record every minute&#x27;"
+    assert f">Backfill of {name}: 5 slots, 5 new backfill runs (0 already there).</li>" in (
+        done.content.decode()
+    )
+    assert f">Backfill of {name}: 5 slots, 0 new backfill runs (5 already there).</li>" in (
+        again.content.decode()
+    )
+    assert "Demo: record" not in done.content.decode()
     assert list(
         Run.objects.order_by("scheduled_for").values_list("trigger", "requested_by")
     ) == [("backfill", "root")] * 5

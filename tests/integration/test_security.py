@@ -161,7 +161,9 @@ def test_task_names_and_error_texts_are_escaped_in_admin(superuser_client, make_
     )
     body = response.content.decode()
     assert "<script>alert(1)" not in body
-    assert f"{ESCAPED}: 1 slots, 1 new backfill runs (0 already there)." in body
+    assert (
+        f"Backfill of &#x27;{ESCAPED}&#x27;: 1 slots, 1 new backfill runs (0 already there)."
+    ) in body
 
 
 @db

@@ -8,7 +8,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django_celery_beat.models import SolarSchedule
 
 from scheduling.models import Run
@@ -101,3 +101,57 @@ def test_status_table_shows_every_cell(seeded):
         line = next(line for line in text.splitlines() if row[0] in line)
         cells = [cell.strip() for cell in line.strip("│┃ ").split("│" if "│" in line else "┃")]
         assert tuple(cells) == row
+
+
+@pytest.fixture
+def upcoming_tasks(make_task):
+    """A Berlin crontab whose third slot is the spring-forward of 2100-03-28, and a disabled one."""
+    make_task(cron="30 2 * * *", timezone="Europe/Berlin", name="a: nightly",
+              start_time=utc(2100, 3, 26, 0, 0))
+    make_task(every=60, name="b: off", enabled=False)
+
+
+NIGHTLY_UPCOMING = (
+    "2100-03-26 01:30:00 UTC (2100-03-26 02:30:00 CET Europe/Berlin), "
+    "2100-03-27 01:30:00 UTC (2100-03-27 02:30:00 CET Europe/Berlin), "
+    "2100-03-28 01:00:00 UTC (2100-03-28 03:00:00 CEST Europe/Berlin; "
+    "DST change: UTC offset +01:00 -> +02:00)"
+)
+
+
+def test_status_upcoming_plain(upcoming_tasks):
+    lines = [line.split("\t") for line in _status("--format", "plain", "--upcoming", "3").splitlines()]
+    assert lines[0] == [*HEADER, "Upcoming"]
+    assert [(line[0], line[-1]) for line in lines[1:]] == [
+        ("a: nightly", NIGHTLY_UPCOMING), ("b: off", "-"),
+    ]
+
+
+def test_status_upcoming_json(upcoming_tasks):
+    rows = json.loads(_status("--format", "json", "--upcoming", "3"))
+    assert rows[0]["upcoming"] == [
+        {"slot": "2100-03-26T01:30:00+00:00", "local": "2100-03-26T02:30:00+01:00",
+         "time_zone": "Europe/Berlin", "offset_change": None},
+        {"slot": "2100-03-27T01:30:00+00:00", "local": "2100-03-27T02:30:00+01:00",
+         "time_zone": "Europe/Berlin", "offset_change": None},
+        {"slot": "2100-03-28T01:00:00+00:00", "local": "2100-03-28T03:00:00+02:00",
+         "time_zone": "Europe/Berlin", "offset_change": ["+01:00", "+02:00"]},
+    ]
+    assert (rows[1]["name"], rows[1]["upcoming"], rows[1]["upcoming_error"]) == ("b: off", [], None)
+    assert "upcoming" not in json.loads(_status("--format", "json"))[0]
+
+
+def test_status_upcoming_refuses_a_negative_count(upcoming_tasks):
+    with pytest.raises(CommandError, match="^--upcoming must be 0 or more, got -1$"):
+        _status("--upcoming", "-1")
+
+
+def test_status_piped_is_unwrapped_and_has_no_trailing_spaces(make_task):
+    long_name = "a task name long enough that an eighty-column table would have to wrap it"
+    make_task(every=5, name=long_name)
+    text = _status("--upcoming", "2")
+    lines = text.splitlines()
+    assert lines[0] == "1 periodic task"
+    assert [line for line in lines if line != line.rstrip()] == []
+    assert len({len(line) for line in lines[1:]}) == 1  # every table line as wide as the table
+    assert sum(long_name in line for line in lines) == 1  # on one line: nothing wrapped

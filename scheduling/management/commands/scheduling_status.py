@@ -1,24 +1,28 @@
-"""``manage.py scheduling_status [--format table|plain|json]``: every periodic task at a glance."""
+"""``manage.py scheduling_status [--format table|plain|json] [--upcoming N]``: tasks at a glance."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from io import StringIO
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 from rich.table import Table
 
 from scheduling.overview import TaskStatus, format_time, task_statuses
 
 HEADERS = ("Task", "Schedule", "Enabled", "Next run", "Last run", "Outcome", "Lateness")
+UPCOMING_HEADER = "Upcoming"
 
 
-def cells(row: TaskStatus) -> tuple[str, ...]:
-    """The row's cells as text, in the order of HEADERS."""
-    return (
+def cells(row: TaskStatus, upcoming: bool = False, separator: str = "\n") -> tuple[str, ...]:
+    """The row's cells as text, in the order of HEADERS (then UPCOMING_HEADER if ``upcoming``).
+
+    The upcoming slots are ``UpcomingRun.describe()`` lines joined by ``separator``; "-" for
+    none, the schedule's error when it gives none.
+    """
+    main = (
         row.name,
         row.schedule,
         "yes" if row.enabled else "no",
@@ -27,13 +31,19 @@ def cells(row: TaskStatus) -> tuple[str, ...]:
         row.last_status or "-",
         "-" if row.lateness is None else f"{row.lateness:.3f} s",
     )
+    if not upcoming:
+        return main
+    slots = separator.join(run.describe() for run in row.upcoming)
+    return (*main, row.upcoming_error or slots or "-")
 
 
 class Command(BaseCommand):
     help = (
         "Show every periodic task: its schedule in words, whether it is enabled, its next run "
         "(the ledger's pending run), its last run's slot and outcome, and the lateness of its "
-        "last dispatched scheduled run. Times are UTC."
+        "last dispatched scheduled run; with --upcoming N, its next N slots (UTC, and in the "
+        "task's own time zone). Times are UTC. On a terminal the table fits its width; piped, "
+        "rows are not wrapped and lines carry no trailing spaces."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -41,31 +51,48 @@ class Command(BaseCommand):
             "--format", choices=("table", "plain", "json"), default="table",
             help="table (rich, default), plain (tab-separated, with a header line) or json",
         )
+        parser.add_argument(
+            "--upcoming", type=int, default=0, metavar="N",
+            help="also show each task's next N slots, from the scheduler's slot code (default 0)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        rows = task_statuses()
+        count = options["upcoming"]
+        if count < 0:
+            raise CommandError(f"--upcoming must be 0 or more, got {count}")
+        rows = task_statuses(upcoming=count)
+        shown = count > 0
         if options["format"] == "json":
-            self.stdout.write(json.dumps([_json(row) for row in rows], indent=2))
+            self.stdout.write(json.dumps([_json(row, shown) for row in rows], indent=2))
         elif options["format"] == "plain":
-            for line in (HEADERS, *map(cells, rows)):
+            header = (*HEADERS, UPCOMING_HEADER) if shown else HEADERS
+            for line in (header, *(cells(row, shown, ", ") for row in rows)):
                 self.stdout.write("\t".join(line))
         else:
-            self.stdout.write(self._table(rows), ending="")
+            self.stdout.write(self._table(rows, shown), ending="")
 
-    def _table(self, rows: list[TaskStatus]) -> str:
+    def _table(self, rows: list[TaskStatus], upcoming: bool) -> str:
         title = f"{len(rows)} periodic task{'' if len(rows) == 1 else 's'}"
-        table = Table(*HEADERS, title=title, title_justify="left")
+        headers = (*HEADERS, UPCOMING_HEADER) if upcoming else HEADERS
+        # "default" justification: the title is not padded to the table's width.
+        table = Table(*headers, title=title, title_justify="default")
         for row in rows:
-            table.add_row(*cells(row), style=None if row.enabled else "dim")
-        tty = self.stdout.isatty()
+            table.add_row(*cells(row, upcoming), style=None if row.enabled else "dim")
         buffer = StringIO()
-        width = shutil.get_terminal_size((160, 24)).columns if tty else 200
-        Console(file=buffer, width=width, force_terminal=tty, no_color=not tty).print(table)
+        if self.stdout.isatty():
+            # Rich reads the terminal's width itself (the standard streams, then COLUMNS).
+            console = Console(file=buffer, force_terminal=True)
+        else:
+            # A pipe has no width: the table at its natural width, so no row is wrapped and no
+            # line is padded, without colour.
+            console = Console(file=buffer, width=10_000, no_color=True)
+            console.width = console.measure(table).maximum
+        console.print(table)
         return buffer.getvalue()
 
 
-def _json(row: TaskStatus) -> dict[str, object]:
-    return {
+def _json(row: TaskStatus, upcoming: bool) -> dict[str, object]:
+    shown: dict[str, object] = {
         "name": row.name,
         "schedule": row.schedule,
         "enabled": row.enabled,
@@ -74,3 +101,7 @@ def _json(row: TaskStatus) -> dict[str, object]:
         "last_status": row.last_status,
         "lateness_seconds": row.lateness,
     }
+    if upcoming:
+        shown["upcoming"] = [run.as_json() for run in row.upcoming]
+        shown["upcoming_error"] = row.upcoming_error or None
+    return shown
