@@ -273,6 +273,13 @@ class BackfillForm(forms.Form):
     until = forms.DateTimeField(help_text="UTC, excluded; not in the future")
 
 
+#: A replica's state as a badge: (background, text colour).
+REPLICA_COLOURS = {
+    "live": ("#d7efd8", "#1b4d1e"), "stale": ("#fde3c0", "#6b3a00"),
+    "stopped": ("#e4e7ea", "#33393f"),
+}
+
+
 @admin.register(Replica)
 class ReplicaAdmin(ReadOnlyAdmin):
     """Beat replicas as their heartbeats report them (display only); stale ones flagged."""
@@ -282,6 +289,9 @@ class ReplicaAdmin(ReadOnlyAdmin):
         "display_state",
     )
     search_fields = ("id", "host")
+
+    class Media:
+        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": (ADMIN_CSS,)}
     # Running replicas first (stale ones sink below live ones), then the stopped ones.
     ordering = (F("stopped_at").desc(nulls_first=True), "-last_tick_at", "id")
 
@@ -318,9 +328,10 @@ class ReplicaAdmin(ReadOnlyAdmin):
             else "stopped",
         }
         return format_html(
-            '<span class="replica-state replica-{}"><img src="{}" alt="{}"> {}</span>',
-            replica.state, static(f"admin/img/{icon[replica.state]}"), replica.state,
-            text[replica.state],
+            '<span class="replica-state replica-{} run-badge" style="background:{};color:{}">'
+            '<img src="{}" alt="{}"> {}</span>',
+            replica.state, *REPLICA_COLOURS[replica.state],
+            static(f"admin/img/{icon[replica.state]}"), replica.state, text[replica.state],
         )
 
 

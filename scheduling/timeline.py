@@ -182,6 +182,14 @@ class TaskRow:
         return any(lane == OTHER for lane, _bucket in self.columns)
 
     @property
+    def bands(self) -> list[tuple[float, int]]:
+        """The lanes' backgrounds: (y, height) in pixels, around each lane's columns."""
+        bands = [(0.5, LANE_HEIGHT + 1)]
+        if self.has_other_lane:
+            bands.append((LANE_HEIGHT + LANE_GAP + 0.5, OTHER_LANE_HEIGHT + 1))
+        return bands
+
+    @property
     def chart_height(self) -> int:
         """The row's chart height in pixels: the scheduled lane, and the other one if used."""
         extra = LANE_GAP + OTHER_LANE_HEIGHT if self.has_other_lane else 0
