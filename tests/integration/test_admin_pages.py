@@ -205,3 +205,24 @@ def test_every_admin_page_of_the_app_renders_with_runs_in_the_ledger(staff, make
     # 3 indexes; changelist and add form of 7 models, the change form of the 5 with a row; health
     assert len(pages) == 3 + 7 * 2 + 5 + 1
     assert "hourly digest" in staff.get(HEALTH).content.decode()
+
+
+def test_health_pages_keep_their_window(staff):
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from scheduling.timeline import TASKS_PER_PAGE
+
+    every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.HOURS)
+    PeriodicTask.objects.bulk_create(
+        PeriodicTask(name=f"task {n:03d}", task="project.tasks.record", interval=every)
+        for n in range(TASKS_PER_PAGE + 1)
+    )
+    first = staff.get(HEALTH, {"window": "7d"}).content.decode()
+    assert '<a href="?window=7d&amp;p=2">next</a>' in first
+    second = staff.get(HEALTH, {"window": "7d", "p": "2"}).content.decode()
+    assert re.findall(r'<tr class="task-row" data-task="([^"]*)"', second) == ["task 050"]
+    assert "Schedule health: the last 7 days" in second
+    custom = staff.get(
+        HEALTH, {"since": "2026-01-05 10:00", "until": "2026-01-06 10:00"}
+    ).content.decode()
+    assert '<a href="?since=2026-01-05+10%3A00&amp;until=2026-01-06+10%3A00&amp;p=2">' in custom
