@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import F, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, QueryDict
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
 from django.urls import URLPattern, path
@@ -21,19 +21,30 @@ from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
-from scheduling import ledger, preview, replicas, slots, timeline
+from scheduling import ledger, preview, replicas, slots, timeline, windows
+from scheduling.clock import database_now
 from scheduling.conf import conf
 from scheduling.exceptions import RunRejected, ScheduleError, SchedulingError
 from scheduling.messages import load_json
 from scheduling.models import Replica, Run, ScheduleHealth, TaskPolicy
+from scheduling.outcomes import OUTCOMES, status_badge
 
 RECENT_RUNS = 10
+#: Status badges, the runs list and the schedule health page (fit 1,280 px, sidebar open).
+ADMIN_CSS = "scheduling/admin.css"
 
 logger = logging.getLogger(__name__)
 
 
 def _seconds(delta: timedelta | None) -> str:
     return "-" if delta is None else f"{delta.total_seconds():.3f} s"
+
+
+def _cut(text: str, kind: str = "replica") -> str:
+    """A replica or worker id on one line, cut with an ellipsis; the whole id in the title."""
+    return format_html(
+        '<span class="run-cut {}" title="{}">{}</span>', kind, text or "-", text or "-"
+    )
 
 
 def _utc_ms(moment: datetime) -> str:
@@ -58,18 +69,17 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class RunAdmin(ReadOnlyAdmin):
     """The ledger: every run, its outcome and timings; nothing can be added, changed, deleted."""
 
+    # Eight columns fit 1,280 px with the sidebar open: the status a badge, replica and worker
+    # ids cut with an ellipsis (whole in the title), slots, executions and suppressed in one.
     list_display = (
         "periodic_task_name",
         "display_scheduled_for",
         "trigger",
-        "status",
+        "display_status",
         "display_lateness",
-        "claimed_by",
-        "worker",
+        "display_replica",
         "display_runtime",
-        "slots",
-        "executions",
-        "suppressed",
+        "display_counts",
     )
     list_filter = ("status", "trigger", "periodic_task_name", "claimed_by")
     date_hierarchy = "scheduled_for"
@@ -89,9 +99,28 @@ class RunAdmin(ReadOnlyAdmin):
     def display_scheduled_for(self, run: Run) -> str:
         return _utc_ms(run.scheduled_for)
 
+    class Media:
+        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": (ADMIN_CSS,)}
+
+    @admin.display(description="status", ordering="status")
+    def display_status(self, run: Run) -> str:
+        return status_badge(run.status)
+
     @admin.display(description="lateness")
     def display_lateness(self, run: Run) -> str:
         return _seconds(run.lateness)
+
+    @admin.display(description="replica · worker", ordering="claimed_by")
+    def display_replica(self, run: Run) -> str:
+        worker = _cut(run.worker, "worker") if run.worker else ""
+        return format_html("{}{}", _cut(run.claimed_by), worker)
+
+    @admin.display(description="slots · exec. · suppr.")
+    def display_counts(self, run: Run) -> str:
+        return format_html(
+            '<span title="slots {} · executions {} · suppressed duplicates {}">{} · {} · {}</span>',
+            run.slots, run.executions, run.suppressed, run.slots, run.executions, run.suppressed,
+        )
 
     @admin.display(description="runtime")
     def display_runtime(self, run: Run) -> str:
@@ -152,6 +181,9 @@ class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
 
     form = PeriodicTaskForm
     inlines = [TaskPolicyInline]
+
+    class Media:
+        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": (ADMIN_CSS,)}
     actions = (*BasePeriodicTaskAdmin.actions, "backfill_tasks")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
@@ -179,21 +211,23 @@ class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
             return "No runs yet."
         rows = format_html_join(
             "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            '<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="reason">{}</td>'
+            "</tr>",
             (
                 (
                     _utc_ms(run.scheduled_for),
                     run.trigger,
-                    run.status,
+                    status_badge(run.status),
                     _seconds(run.lateness),
-                    run.claimed_by or "-",
+                    _cut(run.claimed_by),
                     run.error or run.reason or "",
                 )
                 for run in runs
             ),
         )
         return format_html(
-            "<table><thead><tr><th>scheduled for (UTC)</th><th>trigger</th><th>status</th>"
+            '<table class="recent-runs"><thead><tr><th>scheduled for (UTC)</th><th>trigger</th>'
+            "<th>status</th>"
             "<th>lateness</th><th>replica</th><th>reason / error</th></tr></thead>"
             "<tbody>{}</tbody></table>",
             rows,
@@ -282,6 +316,13 @@ class BackfillForm(forms.Form):
     until = forms.DateTimeField(help_text="UTC, excluded; not in the future")
 
 
+#: A replica's state as a badge: (background, text colour).
+REPLICA_COLOURS = {
+    "live": ("#d7efd8", "#1b4d1e"), "stale": ("#fde3c0", "#6b3a00"),
+    "stopped": ("#e4e7ea", "#33393f"),
+}
+
+
 @admin.register(Replica)
 class ReplicaAdmin(ReadOnlyAdmin):
     """Beat replicas as their heartbeats report them (display only); stale ones flagged."""
@@ -291,6 +332,9 @@ class ReplicaAdmin(ReadOnlyAdmin):
         "display_state",
     )
     search_fields = ("id", "host")
+
+    class Media:
+        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": (ADMIN_CSS,)}
     # Running replicas first (stale ones sink below live ones), then the stopped ones.
     ordering = (F("stopped_at").desc(nulls_first=True), "-last_tick_at", "id")
 
@@ -327,15 +371,43 @@ class ReplicaAdmin(ReadOnlyAdmin):
             else "stopped",
         }
         return format_html(
-            '<span class="replica-state replica-{}"><img src="{}" alt="{}"> {}</span>',
-            replica.state, static(f"admin/img/{icon[replica.state]}"), replica.state,
-            text[replica.state],
+            '<span class="replica-state replica-{} run-badge" style="background:{};color:{}">'
+            '<img src="{}" alt="{}"> {}</span>',
+            replica.state, *REPLICA_COLOURS[replica.state],
+            static(f"admin/img/{icon[replica.state]}"), replica.state, text[replica.state],
         )
+
+
+class HealthWindowForm(forms.Form):
+    """The schedule health page's window: a preset (``windows.PRESETS``) or [since, until)."""
+
+    window = forms.ChoiceField(
+        choices=[(key, label) for key, (_span, label, _last) in windows.PRESETS.items()],
+        required=False,
+    )
+    since = forms.DateTimeField(required=False, help_text="UTC, e.g. 2026-01-05 10:00")
+    until = forms.DateTimeField(required=False, help_text="UTC, excluded")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        since, until = data.get("since"), data.get("until")
+        if (since is None) != (until is None):
+            raise forms.ValidationError("A custom range needs both since and until.")
+        if since is not None and until is not None and until <= since:
+            raise forms.ValidationError("until must be after since.")
+        return data
+
+    def chosen(self, now: datetime) -> windows.Window:
+        """The window asked for; the default preset when the form is invalid or empty."""
+        data = self.cleaned_data if self.is_valid() else {}
+        if data.get("since") is not None:
+            return windows.custom(data["since"], data["until"])
+        return windows.preset(data.get("window") or windows.DEFAULT, now)
 
 
 @admin.register(ScheduleHealth)
 class ScheduleHealthAdmin(ReadOnlyAdmin):
-    """The schedule health page: a 24-hour timeline of runs per periodic task (view on runs)."""
+    """The schedule health page: runs per periodic task over a window (view on runs)."""
 
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.changelist_view)
@@ -347,14 +419,23 @@ class ScheduleHealthAdmin(ReadOnlyAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> TemplateResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        form = HealthWindowForm(request.GET)
+        window = form.chosen(database_now())
+        query = QueryDict(mutable=True)
+        if window.key == "custom":
+            query.update({"since": request.GET["since"], "until": request.GET["until"]})
+        else:
+            query["window"] = window.key
         context = {
             **self.admin_site.each_context(request),
-            "title": "Schedule health: the last 24 hours",
+            "title": f"Schedule health: {window.label}",
             "opts": self.model._meta,
-            "timeline": timeline.build(request.GET.get("p")),
-            "outcomes": timeline.OUTCOMES,
+            "form": form,
+            "timeline": timeline.build(window, request.GET.get("p")),
+            "presets": [(key, label) for key, (_span, label, _last) in windows.PRESETS.items()],
+            "window_query": query.urlencode(),
+            "outcomes": OUTCOMES,
             "chart_width": timeline.CHART_WIDTH,
-            "row_height": timeline.ROW_HEIGHT,
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/scheduling/schedule_health.html", context)

@@ -394,7 +394,7 @@ class Replica(models.Model):
 
 
 class ScheduleHealth(Run):
-    """The ledger seen per periodic task over the last 24 hours (an admin page, no table)."""
+    """The ledger seen per periodic task over a window of time (an admin page, no table)."""
 
     class Meta:
         proxy = True

@@ -111,3 +111,79 @@ def seed_replicas() -> None:
     Replica.objects.filter(pk="replica-stale").update(
         last_tick_at=ledger.database_now() - timedelta(minutes=10)
     )
+
+
+#: A task with 95 succeeded runs and 1 pending one in one 15-minute bucket (of the last hour).
+BUSY = "busy quarter"
+BUSY_SUCCEEDED = 95
+#: A task with runs of every window's range, several in one minute, manual and backfill ones.
+PROBE = "windows probe"
+#: Replica and worker ids as a deployment has them (hostname:pid): long, and never wrapped.
+REPLICA_ID = "app-7f9c2d1e8b-xk2lp.scheduling.svc.cluster.local:48213"
+WORKER_ID = "celery@worker-5d8f7c9b6d-q4hzt.scheduling.svc.cluster.local"
+#: Per run of PROBE: (minutes before the seeding minute, seconds into that minute, trigger,
+#: status, lateness in seconds or None). 8 days back is outside every window.
+PROBE_RUNS: list[tuple[int, int, str, str, float | None]] = [
+    (0, 0, Run.Trigger.SCHEDULE, Run.Status.PENDING, None),
+    (3, 10, Run.Trigger.SCHEDULE, Run.Status.SUCCEEDED, 0.2),
+    (3, 20, Run.Trigger.SCHEDULE, Run.Status.SUCCEEDED, 0.4),
+    (3, 30, Run.Trigger.SCHEDULE, Run.Status.FAILED, 0.3),
+    (3, 40, Run.Trigger.BACKFILL, Run.Status.SUCCEEDED, 5000.0),
+    (20, 5, Run.Trigger.SCHEDULE, Run.Status.MISSED, None),
+    (20, 15, Run.Trigger.MANUAL, Run.Status.RUNNING, 0.1),
+    (50, 0, Run.Trigger.SCHEDULE, Run.Status.CANCELLED, None),
+    (180, 0, Run.Trigger.SCHEDULE, Run.Status.SKIPPED, None),
+    (181, 0, Run.Trigger.SCHEDULE, Run.Status.SUCCEEDED, 2.5),
+    (20 * 60, 0, Run.Trigger.SCHEDULE, Run.Status.EXPIRED, 0.1),
+    (2 * 24 * 60, 0, Run.Trigger.SCHEDULE, Run.Status.SUCCEEDED, 0.1),
+    (6 * 24 * 60, 30, Run.Trigger.BACKFILL, Run.Status.FAILED, 9000.0),
+    (8 * 24 * 60, 0, Run.Trigger.SCHEDULE, Run.Status.SUCCEEDED, 0.1),
+]
+
+
+@dataclass(frozen=True)
+class SeededRun:
+    task: str
+    scheduled_for: datetime
+    trigger: str
+    status: str
+
+
+def seed_windows() -> list[SeededRun]:
+    """Create ``BUSY`` and ``PROBE`` with their runs; return every run created.
+
+    Times are whole seconds after a whole minute of the database clock, so runs seeded in one
+    minute share a bucket in every window (all steps are whole minutes since the epoch), and
+    BUSY's runs are in the last whole 15-minute bucket before the current one.
+    """
+    now = ledger.database_now()
+    minute = now.replace(second=0, microsecond=0)
+    every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.MINUTES)
+    busy = PeriodicTask.objects.create(name=BUSY, task="project.tasks.record", interval=every)
+    probe = PeriodicTask.objects.create(name=PROBE, task="project.tasks.record", interval=every)
+    quarter = minute.replace(minute=minute.minute // 15 * 15) - timedelta(minutes=15)
+    plan: list[tuple[PeriodicTask, datetime, str, str, float | None]] = [
+        (busy, quarter + timedelta(seconds=9 * i), Run.Trigger.SCHEDULE, Run.Status.SUCCEEDED,
+         0.004)
+        for i in range(BUSY_SUCCEEDED)
+    ]
+    plan.append((busy, quarter + timedelta(seconds=870), Run.Trigger.SCHEDULE,
+                 Run.Status.PENDING, None))
+    plan += [
+        (probe, minute - timedelta(minutes=minutes) + timedelta(seconds=seconds), trigger,
+         status, lateness)
+        for minutes, seconds, trigger, status, lateness in PROBE_RUNS
+    ]
+    runs = [
+        Run(
+            periodic_task=task, periodic_task_name=task.name, task=task.task,
+            scheduled_for=scheduled, trigger=trigger, status=status, task_id=str(uuid.uuid4()),
+            dispatched_at=None if lateness is None else scheduled + timedelta(seconds=lateness),
+            claimed_by=REPLICA_ID if lateness is not None else "",
+            worker=WORKER_ID if status in Run.FINAL_STATUSES and lateness is not None else "",
+            requested_by="admin" if trigger != Run.Trigger.SCHEDULE else "",
+        )
+        for task, scheduled, trigger, status, lateness in plan
+    ]
+    Run.objects.bulk_create(runs)
+    return [SeededRun(r.periodic_task_name, r.scheduled_for, r.trigger, r.status) for r in runs]

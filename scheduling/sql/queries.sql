@@ -196,3 +196,37 @@ WHERE id = %s AND pid = %s
 -- replica_prune --
 -- Rows of replicas that have not ticked for the retention (an interval) are deleted.
 DELETE FROM {replica} WHERE last_tick_at < clock_timestamp() - %s
+
+-- health_counts --
+-- The schedule health page: the runs of the page's periodic tasks in [start, end) by task,
+-- trigger and status (the count columns add up to the runs). scheduling_run_recent
+-- (periodic_task, -scheduled_for) serves the range per task.
+SELECT periodic_task_id, trigger, status, count(*)
+FROM {run}
+WHERE periodic_task_id = ANY(%(tasks)s) AND scheduled_for >= %(start)s AND scheduled_for < %(end)s
+GROUP BY periodic_task_id, trigger, status
+
+-- health_lateness --
+-- The p95 and largest lateness (dispatched_at - scheduled_for, seconds) of each task's
+-- dispatched scheduled runs in [start, end): manual runs and backfills are not late by schedule.
+SELECT periodic_task_id,
+       percentile_cont(0.95) WITHIN GROUP (
+           ORDER BY extract(epoch FROM dispatched_at - scheduled_for)::float8),
+       max(extract(epoch FROM dispatched_at - scheduled_for))::float8
+FROM {run}
+WHERE periodic_task_id = ANY(%(tasks)s) AND scheduled_for >= %(start)s AND scheduled_for < %(end)s
+  AND trigger = 'schedule' AND dispatched_at IS NOT NULL
+GROUP BY periodic_task_id
+
+-- health_buckets --
+-- The chart's marks: per task, bucket (%(step)s seconds from %(origin)s), trigger and status
+-- in [start, end): how many runs, the first and last slot, the largest lateness (seconds) and
+-- one error or reason (the longest-sorting one, cut to 160 characters) as an example.
+SELECT periodic_task_id,
+       floor(extract(epoch FROM scheduled_for - %(origin)s) / %(step)s)::integer AS bucket,
+       trigger, status, count(*), min(scheduled_for), max(scheduled_for),
+       max(extract(epoch FROM dispatched_at - scheduled_for))::float8,
+       max(left(coalesce(nullif(error, ''), reason), 160))
+FROM {run}
+WHERE periodic_task_id = ANY(%(tasks)s) AND scheduled_for >= %(start)s AND scheduled_for < %(end)s
+GROUP BY periodic_task_id, bucket, trigger, status

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -33,17 +34,23 @@ def staff(client):
 
 def _cells(html: str, task: str) -> dict[str, str]:
     """The numeric cells of one task's row: {"runs": "9", "failed": "1", ...}."""
-    row = html.split(f'data-task="{task}"', 1)[1].split("</tr>", 1)[0]
+    row = html.split(f'<tr class="task-row" data-task="{task}"', 1)[1].split("</tr>", 1)[0]
     return dict(re.findall(r'<td class="num (\w+)[^"]*">([^<]*)</td>', row))
 
 
-def _marks(html: str, task: str) -> list[tuple[str, int]]:
-    """(outcome, runs) of each mark in one task's row."""
-    row = html.split(f'data-task="{task}"', 1)[1].split("</tr>", 1)[0]
+def _marks(html: str, task: str) -> list[tuple[str, str, int]]:
+    """(outcome, lane, runs) of each mark in one task's chart."""
+    chart = html.split(f'<tbody class="task" data-task="{task}"', 1)[1].split("</tbody>", 1)[0]
     return [
-        (outcome, int(runs))
-        for outcome, runs in re.findall(r'<g class="mark mark-(\w+)" data-runs="(\d+)">', row)
+        (outcome, lane, int(runs))
+        for outcome, lane, runs in re.findall(
+            r'<g class="mark mark-(\w+) lane-(\w+)" data-runs="(\d+)"', chart
+        )
     ]
+
+
+OUTCOME_CELLS = ("succeeded", "failed", "expired", "missed", "skipped", "cancelled", "running",
+                 "pending")
 
 
 def test_health_page_counts_lateness_and_escaping(staff):
@@ -54,33 +61,70 @@ def test_health_page_counts_lateness_and_escaping(staff):
     assert SYNC == "sync <b>orders</b> & invoices"
     names = re.findall(r'<tr class="task-row" data-task="([^"]*)"', html)
     assert names == [MINUTELY, HOURLY, REPORT, escaped_sync]
+    zero = dict.fromkeys(OUTCOME_CELLS, "0")
     assert _cells(html, HOURLY) == {
-        "runs": "9", "succeeded": "7", "failed": "1", "missed": "0", "skipped": "0",
-        "p95": "0.187 s", "max": "0.250 s",
+        **zero, "runs": "9", "succeeded": "7", "failed": "1", "running": "1",
+        "p95": "0.187 s", "max": "0.250 s", "other": "0 · 0",
     }
     assert _cells(html, escaped_sync) == {
-        "runs": "6", "succeeded": "2", "failed": "0", "missed": "2", "skipped": "1",
-        "p95": "85.575 s", "max": "90.000 s",
+        **zero, "runs": "6", "succeeded": "2", "missed": "2", "skipped": "1", "cancelled": "1",
+        "p95": "85.575 s", "max": "90.000 s", "other": "0 · 0",
     }
-    assert _cells(html, REPORT)["runs"] == "2"
+    assert _cells(html, REPORT) == {
+        **zero, "runs": "2", "succeeded": "1", "expired": "1", "p95": "0.003 s",
+        "max": "0.003 s", "other": "0 · 0",
+    }
     per_outcome: dict[str, int] = {}
     for task in (HOURLY, REPORT, escaped_sync):
-        for outcome, runs in _marks(html, task):
-            assert runs == 1  # runs of one task are hours apart: one mark each
+        for outcome, lane, runs in _marks(html, task):
+            assert (lane, runs) == ("scheduled", 1)  # hours apart: one column each
             per_outcome[outcome] = per_outcome.get(outcome, 0) + 1
     assert per_outcome == {
-        "succeeded": 10, "failed": 1, "active": 1, "missed": 2, "skipped": 1, "cancelled": 1,
+        "succeeded": 10, "failed": 1, "running": 1, "missed": 2, "skipped": 1, "cancelled": 1,
         "expired": 1,
     }
-    # Every minute for 24 h: one mark per hour of adjacent buckets, each standing for its runs.
-    dense = _marks(html, MINUTELY)
-    assert [n for o, n in dense if o == "failed"] == [1, 1, 1]
-    succeeded = [n for o, n in dense if o == "succeeded"]
-    assert len(succeeded) == 24 and max(succeeded) == 60 and sum(succeeded) == 1427
-    assert _cells(html, MINUTELY)["runs"] == "1430"
+    # Every minute for 24 h, in 15-minute columns: the failed runs are segments of their own.
+    dense, cells = _marks(html, MINUTELY), _cells(html, MINUTELY)
+    assert [n for o, _lane, n in dense if o == "failed"] == [1, 1, 1]
+    succeeded = [n for o, _lane, n in dense if o == "succeeded"]
+    assert max(succeeded) == 15 and sum(succeeded) == int(cells["succeeded"])
+    assert int(cells["runs"]) == int(cells["succeeded"]) + 3
+    assert 1430 - 15 <= int(cells["runs"]) <= 1430  # the window starts on a 15-minute boundary
     assert "<b>orders" not in html and "<script>window" not in html
     assert "&lt;script&gt;window.pwned = 1&lt;/script&gt; boom" in html  # the failed run's title
     assert XSS_ERROR not in html
+
+
+def test_health_windows_and_a_custom_range(staff):
+    seeded = seed_ledger()
+    titles = {
+        key: re.search(r"<h1>([^<]*)</h1>", staff.get(HEALTH, {"window": key}).content.decode())[1]
+        for key in ("1h", "24h", "7d")
+    }
+    assert titles == {
+        "1h": "Schedule health: the last hour", "24h": "Schedule health: the last 24 hours",
+        "7d": "Schedule health: the last 7 days",
+    }
+    hour = staff.get(HEALTH, {"window": "1h"}).content.decode()
+    assert _cells(hour, HOURLY)["runs"] == "1"  # the running run of 30 minutes ago
+    assert 'data-step="60" data-buckets="60"' in hour
+    start = seeded.now - timedelta(hours=21, minutes=30)
+    start = start.replace(minute=start.minute // 10 * 10, second=0, microsecond=0)
+    since = start.strftime("%Y-%m-%d %H:%M")
+    until = (start + timedelta(hours=3)).strftime("%Y-%m-%d %H:%M")
+    custom = staff.get(HEALTH, {"since": since, "until": until}).content.decode()
+    assert f"Schedule health: {since} to {until} UTC" in custom
+    assert 'data-step="120" data-buckets="90"' in custom  # 3 hours in 2-minute columns
+    # 21 and 20 hours ago: missed twice; 19 hours ago: succeeded 90 s late
+    assert _cells(custom, escaped(SYNC))["runs"] == "3"
+    assert _cells(custom, escaped(SYNC))["max"] == "90.000 s"
+    wrong = staff.get(HEALTH, {"since": until, "until": since}).content.decode()
+    assert "until must be after since." in wrong
+    assert "Schedule health: the last 24 hours" in wrong
+
+
+def escaped(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def test_health_page_queries_do_not_grow_with_runs(staff, django_assert_max_num_queries):
@@ -161,3 +205,24 @@ def test_every_admin_page_of_the_app_renders_with_runs_in_the_ledger(staff, make
     # 3 indexes; changelist and add form of 7 models, the change form of the 5 with a row; health
     assert len(pages) == 3 + 7 * 2 + 5 + 1
     assert "hourly digest" in staff.get(HEALTH).content.decode()
+
+
+def test_health_pages_keep_their_window(staff):
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from scheduling.timeline import TASKS_PER_PAGE
+
+    every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.HOURS)
+    PeriodicTask.objects.bulk_create(
+        PeriodicTask(name=f"task {n:03d}", task="project.tasks.record", interval=every)
+        for n in range(TASKS_PER_PAGE + 1)
+    )
+    first = staff.get(HEALTH, {"window": "7d"}).content.decode()
+    assert '<a href="?window=7d&amp;p=2">next</a>' in first
+    second = staff.get(HEALTH, {"window": "7d", "p": "2"}).content.decode()
+    assert re.findall(r'<tr class="task-row" data-task="([^"]*)"', second) == ["task 050"]
+    assert "Schedule health: the last 7 days" in second
+    custom = staff.get(
+        HEALTH, {"since": "2026-01-05 10:00", "until": "2026-01-06 10:00"}
+    ).content.decode()
+    assert '<a href="?since=2026-01-05+10%3A00&amp;until=2026-01-06+10%3A00&amp;p=2">' in custom
