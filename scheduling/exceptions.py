@@ -4,6 +4,7 @@
     ├── ScheduleError      a schedule definition gives no usable slot (bad crontab, zero interval)
     ├── RunRejected        one run cannot be published (bad args JSON, unknown task name)
     ├── BackfillRejected   a backfill range is not a past range
+    ├── PauseRejected      a pause of a paused task, or a resume of one that is not paused
     └── PublishFailed      a publish failed for a reason not of the run's own (the broker)
 
 Database errors are not wrapped, and PublishFailed keeps the broker's error as its cause: both
@@ -27,6 +28,10 @@ class RunRejected(SchedulingError):
 
 class BackfillRejected(SchedulingError):
     """A backfill request cannot be served (range empty, reversed or not in the past)."""
+
+
+class PauseRejected(SchedulingError):
+    """A pause or resume cannot be done: the task is already paused, or is not paused."""
 
 
 class PublishFailed(SchedulingError):

@@ -112,6 +112,61 @@ class ScheduleChange(models.Model):
         return f"{self.kind} {self.object_id} changed at {self.changed_at}"
 
 
+class PauseQuerySet(models.QuerySet["Pause"]):
+    """Named states of pauses."""
+
+    def open(self) -> PauseQuerySet:
+        """Pauses not resumed yet: at most one per periodic task."""
+        return self.filter(resumed_at__isnull=True)
+
+
+class Pause(models.Model):
+    """One pause of a periodic task: who paused it, when (database clock) and why; and its end.
+
+    A paused task stays ``enabled`` (see docs/semantics.md, "Pause"): its due runs are not
+    dispatched; the first one due is closed ``skipped`` by the claim (reason
+    ``Run.Reason.paused``) and linked here as ``run``, no further slot is planned, and the resume
+    (``ledger.resume``) sets that row's ``slots`` to the number of slots that passed while paused
+    and plans the first slot after the resume. Rows are kept after the resume as the audit of
+    pauses. Written only by ``scheduling.ledger.pausing`` (and the claim's link to ``run``).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    periodic_task = models.ForeignKey(
+        PeriodicTask, on_delete=models.CASCADE, related_name="scheduling_pauses"
+    )
+    paused_at = models.DateTimeField(help_text="When the pause began (database clock, UTC).")
+    paused_by = models.CharField(max_length=150)
+    why = models.TextField(blank=True, help_text="Why the task was paused.")
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    resumed_by = models.CharField(max_length=150, blank=True)
+    run = models.ForeignKey(
+        "Run",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The one skipped run that records the slots passed while paused.",
+    )
+
+    objects = PauseQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-paused_at", "-id"]
+        constraints = [
+            # One open pause per task: a second pause of a paused task is refused by the database.
+            # Also the index of "is this task paused?" (the claim query, planning).
+            models.UniqueConstraint(
+                fields=["periodic_task"],
+                condition=Q(resumed_at__isnull=True),
+                name="scheduling_pause_one_open_per_task",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"pause of {self.periodic_task_id} since {self.paused_at:%Y-%m-%d %H:%M:%S}"
+
+
 class RunQuerySet(models.QuerySet["Run"]):
     """Named states of the ledger."""
 
@@ -229,6 +284,11 @@ class Run(models.Model):
                 f"re-published ({times} of {limit}): no worker started it within"
                 f" {timeout.total_seconds():g} s"
             )
+
+        @staticmethod
+        def paused(by: str, why: str) -> str:
+            """The slots that passed while a pause by ``by`` (because ``why``) held the task."""
+            return f"paused by {by}: {why}" if why else f"paused by {by}"
 
         @staticmethod
         def celery_retry(retries: int) -> str:
