@@ -68,6 +68,11 @@ class TaskPolicy(models.Model):
         help_text="A dispatched run no worker started within this is re-published (same task "
         "id). Empty: the global setting (SCHEDULING_DELIVERY_TIMEOUT).",
     )
+    jitter_seconds = models.PositiveIntegerField(
+        default=0,
+        help_text="Each run is due up to this many seconds after its slot, by an offset derived "
+        "from (task, slot): the same on every replica, never past the next slot. 0: none.",
+    )
 
     class Meta:
         verbose_name = "scheduling policy"
@@ -319,6 +324,10 @@ class Run(models.Model):
     periodic_task_name = models.CharField(max_length=200)
     task = models.CharField("Celery task", max_length=200)
     scheduled_for = models.DateTimeField(help_text="Nominal instant of the run (UTC).")
+    due_at = models.DateTimeField(
+        help_text="When the run is due (UTC): scheduled_for plus the task's jitter offset. "
+        "Lateness is measured from it. Left empty on insert, the database sets scheduled_for.",
+    )
     trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.SCHEDULE)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     reason = models.TextField(blank=True, help_text="Why the run was missed, skipped, cancelled.")
@@ -385,10 +394,10 @@ class Run(models.Model):
         ]
         indexes = [
             # "Pending runs due now": a small partial index however large the ledger grows.
-            # In the claim's order (scheduled_for, id): a batch stops after its rows, even inside
-            # a burst of thousands of runs due at the same instant.
+            # In the claim's order (due_at, id): a batch stops after its rows, even inside a
+            # burst of thousands of runs due at the same instant. Also the poll's next due run.
             models.Index(
-                fields=["scheduled_for", "id"],
+                fields=["due_at", "id"],
                 condition=Q(status="pending"),
                 name="scheduling_run_pending_due",
             ),
@@ -414,10 +423,10 @@ class Run(models.Model):
 
     @property
     def lateness(self) -> timedelta | None:
-        """dispatched_at - scheduled_for, or None before dispatch."""
+        """dispatched_at - due_at (the jittered due moment), or None before dispatch."""
         if self.dispatched_at is None:
             return None
-        return self.dispatched_at - self.scheduled_for
+        return self.dispatched_at - (self.due_at or self.scheduled_for)
 
     @property
     def runtime(self) -> timedelta | None:

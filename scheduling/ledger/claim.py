@@ -349,13 +349,13 @@ def _dispatch_one(
     nxt: datetime | None = None
     over = scheduled and task.one_off
     if over:
-        item.misfire = one_off_misfire(task, run.scheduled_for, now, grace)
+        item.misfire = one_off_misfire(task, run.scheduled_for, now, grace, run.due_at)
         if item.misfire is not None:
             close(run, Run.Status.MISSED, item.misfire.reason, now)
             return None, True
     if scheduled and not task.one_off:
         try:
-            item.misfire = misfire(task, run.scheduled_for, now, grace)
+            item.misfire = misfire(task, run.scheduled_for, now, grace, run.due_at)
             if item.misfire is None:
                 nxt = slots.next_run(task, run.scheduled_for)
             else:

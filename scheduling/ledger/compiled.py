@@ -67,14 +67,17 @@ class ClaimedRun:
 def due(using: str = "default") -> QuerySet[Run]:
     """Due pending runs in claim order, locked with SKIP LOCKED, with the clock and overlap data.
 
+    Due is ``due_at`` (the slot plus the task's jitter offset) at or before the statement's
+    database clock, in ``(due_at, id)`` order: the partial index ``scheduling_run_pending_due``.
+
     Constants are SQL literals, not parameters, so the prepared statement's generic plan can use
     the partial indexes (a predicate ``status = $1`` cannot prove ``status = 'pending'``).
     """
     return (
         Run.objects.using(using)
-        .filter(status=literal(Run.Status.PENDING), scheduled_for__lte=StatementTimestamp())
+        .filter(status=literal(Run.Status.PENDING), due_at__lte=StatementTimestamp())
         .annotate(db_now=ClockTimestamp(), busy_since=_busy_since(), pause_id=_open_pause())
-        .order_by("scheduled_for", "pk")
+        .order_by("due_at", "pk")
         .select_for_update(skip_locked=True, of=("self",))
     )
 
@@ -187,7 +190,7 @@ def _open_pause() -> Subquery:
     constraint ``scheduling_pause_one_open_per_task``)."""
     open_pause = Pause.objects.filter(
         periodic_task=OuterRef("periodic_task"), resumed_at__isnull=True
-    )
+    ).order_by()  # at most one row: no sort by the model's ordering
     return Subquery(open_pause.values("id")[:1])
 
 

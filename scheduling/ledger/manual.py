@@ -34,6 +34,7 @@ def request_run(task: PeriodicTask, *, requested_by: str = "", using: str = "def
         periodic_task_name=task.name,
         task=task.task,
         scheduled_for=now,
+        due_at=now,
         trigger=Run.Trigger.MANUAL,
         task_id=str(uuid.uuid4()),
         requested_by=requested_by,
