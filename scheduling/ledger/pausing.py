@@ -84,9 +84,8 @@ def resume(task: PeriodicTask, *, by: str, using: str = "default") -> Pause:
         if current is None:
             raise PauseRejected(f"{task.name} is not paused")
         now = database_now(using)
-        task = PeriodicTask.objects.using(using).select_related(*TASK_RELATED, "scheduling_policy").get(
-            pk=task.pk
-        )
+        tasks = PeriodicTask.objects.using(using)
+        task = tasks.select_related(*TASK_RELATED, "scheduling_policy").get(pk=task.pk)
         skipped = Run.objects.using(using).filter(pk=current.run_id).first()
         due = [run for run in pending if run.due_at <= now]
         if skipped is None and due:

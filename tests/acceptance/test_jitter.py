@@ -39,21 +39,23 @@ import json, sys
 from datetime import datetime
 from django_celery_beat.models import PeriodicTask
 from scheduling import slots
-ids, stamps = json.loads(sys.argv[-1])
+ids, stamps, jitter = json.loads(sys.argv[-1])
 tasks = PeriodicTask.objects.select_related("crontab").in_bulk(ids)
 print(json.dumps({
-    f"{pk}@{stamp}": slots.due_moment(tasks[pk], datetime.fromisoformat(stamp), %d).isoformat()
+    f"{pk}@{stamp}": slots.due_moment(tasks[pk], datetime.fromisoformat(stamp), jitter).isoformat()
     for pk in ids for stamp in stamps
 }))
-""" % JITTER
+"""
+_SETUP = (
+    "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'project.settings'); "
+    "django.setup(); exec(os.environ['DUE_SCRIPT'])"
+)
 
 
 def _computed_elsewhere(deployment: Deployment, ids: list[int], stamps: list[str]) -> dict:
     """Due moments of (task, slot) computed by a fresh process (``slots.due_moment``)."""
     done = subprocess.run(
-        [sys.executable, "-c", "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE',"
-         " 'project.settings'); django.setup(); exec(os.environ['DUE_SCRIPT'])",
-         json.dumps([ids, stamps])],
+        [sys.executable, "-c", _SETUP, json.dumps([ids, stamps, JITTER])],
         cwd=ROOT, env={**deployment.env, "DUE_SCRIPT": _DUE_MOMENTS},
         capture_output=True, text=True, timeout=120, check=True,
     )

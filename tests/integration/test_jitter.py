@@ -58,7 +58,7 @@ def test_the_claim_waits_for_the_due_moment_and_measures_lateness_from_it(make_t
 
 
 def test_a_run_due_inside_its_grace_is_no_misfire_however_old_its_slot(make_task, recorder):
-    task, run = _jittered(make_task, jitter=3600, every=7200)
+    _, run = _jittered(make_task, jitter=3600, every=7200)
     run = _move(run, slot_ago=GRACE.total_seconds() + 30, due_in=-1)
     (done,) = claim(recorder)
     assert (done.status, done.misfire, done.reason) == (Run.Status.DISPATCHED, "", "")

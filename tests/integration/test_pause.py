@@ -158,7 +158,8 @@ def test_admin_pause_asks_why_and_the_task_page_says_since_when(client, make_tas
     assert not Pause.objects.exists()
     done = client.post(
         changelist,
-        {"action": "pause_tasks", "_selected_action": [task.pk], "apply": "1", "why": "vendor down"},
+        {"action": "pause_tasks", "_selected_action": [task.pk], "apply": "1",
+         "why": "vendor down"},
         follow=True,
     )
     assert "Paused export." in done.content.decode()

@@ -1,4 +1,5 @@
-"""Stable jitter: offsets from (periodic task id, slot) only, spread evenly, never past the next slot."""
+"""Stable jitter: offsets from (periodic task id, slot) only, spread evenly, never past the next
+slot."""
 
 from __future__ import annotations
 
