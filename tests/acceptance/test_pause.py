@@ -36,6 +36,7 @@ def _stamp(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
+@pytest.mark.timeout(600)  # 30 s paused, plus replicas and a worker starting on a busy machine
 def test_a_paused_task_under_two_replicas(deployment: Deployment, make_task):
     for name in ("replica-1", "replica-2"):
         deployment.start_beat(name)
