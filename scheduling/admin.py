@@ -16,6 +16,7 @@ from django.templatetags.static import static
 from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django_celery_beat.admin import CrontabScheduleAdmin as BaseCrontabScheduleAdmin
 from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
@@ -24,12 +25,13 @@ from django_celery_beat.models import CrontabSchedule, PeriodicTask
 from scheduling import ledger, preview, replicas, slots, timeline, windows
 from scheduling.clock import database_now
 from scheduling.conf import conf
-from scheduling.exceptions import RunRejected, ScheduleError, SchedulingError
+from scheduling.exceptions import PauseRejected, RunRejected, ScheduleError, SchedulingError
 from scheduling.messages import load_json
-from scheduling.models import Replica, Run, ScheduleHealth, TaskPolicy
+from scheduling.models import Pause, Replica, Run, ScheduleHealth, TaskPolicy
 from scheduling.outcomes import OUTCOMES, status_badge
 
 RECENT_RUNS = 10
+RECENT_PAUSES = 5
 #: Status badges, the runs list and the schedule health page (fit 1,280 px, sidebar open).
 ADMIN_CSS = "scheduling/admin.css"
 
@@ -184,15 +186,20 @@ class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
 
     class Media:
         css: ClassVar[dict[str, tuple[str, ...]]] = {"all": (ADMIN_CSS,)}
-    actions = (*BasePeriodicTaskAdmin.actions, "backfill_tasks")
+
+    actions = (*BasePeriodicTaskAdmin.actions, "backfill_tasks", "pause_tasks", "resume_tasks")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
-        return (*super().get_readonly_fields(request, obj), "upcoming_runs", "recent_runs")
+        return (
+            *super().get_readonly_fields(request, obj), "upcoming_runs", "recent_runs",
+            "pause_state",
+        )
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets = list(super().get_fieldsets(request, obj))
         fieldsets.append(("Upcoming runs", {"fields": ("upcoming_runs",)}))
         if obj is not None:
+            fieldsets.insert(0, ("Pause", {"fields": ("pause_state",)}))
             fieldsets.append(("Recent runs", {"fields": ("recent_runs",)}))
         return fieldsets
 
@@ -203,6 +210,39 @@ class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
         """The form's schedule fields only: the task name, say, may still be missing."""
         preview.form_errors(form, (*preview.SCHEDULE_FIELDS, *preview.SLOT_FIELDS))
         return preview.candidate(form.cleaned_data, now)
+
+    @admin.display(description="pause")
+    def pause_state(self, obj: PeriodicTask) -> str:
+        """Whether the task is paused, since when, by whom and why; then its last pauses."""
+        pauses = list(Pause.objects.filter(periodic_task=obj)[:RECENT_PAUSES])
+        current = next((p for p in pauses if p.resumed_at is None), None)
+        if current is None:
+            state = mark_safe("<strong>Not paused.</strong>")
+        else:
+            state = format_html(
+                '<strong class="scheduling-paused">Paused since {} UTC by {}</strong>: {}',
+                _utc_ms(current.paused_at), current.paused_by, current.why or "(no reason given)",
+            )
+        ended = [p for p in pauses if p.resumed_at is not None]
+        if not ended:
+            return state
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    _utc_ms(p.paused_at), p.paused_by, p.why, _utc_ms(p.resumed_at),
+                    p.resumed_by, p.run.slots if p.run is not None else 0,
+                )
+                for p in ended
+            ),
+        )
+        return format_html(
+            "{}<table><thead><tr><th>paused (UTC)</th><th>by</th><th>why</th>"
+            "<th>resumed (UTC)</th><th>by</th><th>slots skipped</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            state, rows,
+        )
 
     @admin.display(description="recent runs")
     def recent_runs(self, obj: PeriodicTask) -> str:
@@ -307,6 +347,52 @@ class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
                 messages.SUCCESS,
             )
         return None
+
+
+    @admin.action(description="Pause selected tasks (with a reason)", permissions=["change"])
+    def pause_tasks(
+        self, request: HttpRequest, queryset: QuerySet[PeriodicTask]
+    ) -> TemplateResponse | None:
+        """Ask why (a form page), then pause each task through the ledger."""
+        form = PauseForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return self._action_page(
+                request, "pause.html", "Pause periodic tasks", form=form, queryset=queryset
+            )
+        who = request.user.get_username()
+        for task in queryset:
+            try:
+                ledger.pause(task, by=who, why=form.cleaned_data["why"])
+            except PauseRejected as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+                continue
+            self.message_user(request, f"Paused {task.name}.", messages.SUCCESS)
+        return None
+
+    @admin.action(description="Resume selected paused tasks", permissions=["change"])
+    def resume_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        """Resume each paused task through the ledger: its next run is the first slot after now."""
+        who = request.user.get_username()
+        for task in queryset:
+            try:
+                done = ledger.resume(task, by=who)
+            except PauseRejected as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+                continue
+            skipped = done.run.slots if done.run is not None else 0
+            self.message_user(
+                request, f"Resumed {task.name}: {skipped} slots skipped while paused.",
+                messages.SUCCESS,
+            )
+
+
+class PauseForm(forms.Form):
+    """Why the selected tasks are paused (kept on the pause and on its skipped run)."""
+
+    why = forms.CharField(
+        label="Reason", max_length=500, widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Shown on the task's page and in the ledger.",
+    )
 
 
 class BackfillForm(forms.Form):

@@ -5,6 +5,7 @@
     ├── RunRejected        one run cannot be published (bad args JSON, unknown task name)
     ├── BackfillRejected   a backfill range is not a past range
     ├── RunNowRefused      run now of a disabled or finished task, without force
+    ├── PauseRejected      a pause of a paused task, or a resume of one that is not paused
     └── PublishFailed      a publish failed for a reason not of the run's own (the broker)
 
 Database errors are not wrapped, and PublishFailed keeps the broker's error as its cause: both
@@ -32,6 +33,10 @@ class BackfillRejected(SchedulingError):
 
 class RunNowRefused(SchedulingError):
     """A manual run of a disabled or finished task was asked for without force; says why."""
+
+
+class PauseRejected(SchedulingError):
+    """A pause or resume cannot be done: the task is already paused, or is not paused."""
 
 
 class PublishFailed(SchedulingError):

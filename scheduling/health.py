@@ -35,7 +35,8 @@ def check(max_tick_age: float, max_overdue: float, host: str | None = None) -> V
     """Judge the deployment (or the replicas on ``host`` only); ages and thresholds in seconds.
 
     Unhealthy when no replica that is not stopped ticked within ``max_tick_age`` seconds, when
-    a run is still pending more than ``max_overdue`` seconds after its ``scheduled_for`` (nobody
+    a run is still pending more than ``max_overdue`` seconds after its ``due_at`` (its slot, or
+    later by the task's jitter; nobody
     claimed it, or every claim of it rolled back or hangs), or when a dispatched run no worker
     started is past its delivery deadline plus a reconcile interval (nothing re-published it).
     A healthy line also counts the runs closed "not delivered" or "worker lost" in the last 24 h. Every reason found goes on the one
@@ -49,7 +50,7 @@ def check(max_tick_age: float, max_overdue: float, host: str | None = None) -> V
         newest_age=Min("tick_age", filter=Q(stopped_at__isnull=True)),
     )
     overdue = Run.objects.pending().filter(
-        scheduled_for__lt=ClockTimestamp() - timedelta(seconds=max_overdue)
+        due_at__lt=ClockTimestamp() - timedelta(seconds=max_overdue)
     )
     late = overdue.aggregate(count=Count("pk"))
     where = "" if host is None else f" on host {host!r}"
@@ -64,7 +65,7 @@ def check(max_tick_age: float, max_overdue: float, host: str | None = None) -> V
             f"(newest tick {seen['newest_age']:.0f} s ago)"
         )
     if late["count"]:
-        oldest = overdue.order_by("scheduled_for", "pk").values_list(
+        oldest = overdue.order_by("due_at", "pk").values_list(
             "periodic_task_name", "scheduled_for"
         )[0]
         runs = "1 run" if late["count"] == 1 else f"{late['count']} runs"

@@ -6,7 +6,7 @@ for the guard, ``worker`` (the Celery worker's node name):
 
 - ``scheduling_runs_dispatched_total{task, replica, trigger}``: runs this replica committed as
   dispatched (``trigger``: schedule, manual or backfill);
-- ``scheduling_run_lateness_seconds{task, replica}``: histogram of dispatched_at - scheduled_for
+- ``scheduling_run_lateness_seconds{task, replica}``: histogram of dispatched_at - due_at
   of dispatched scheduled runs (manual and backfill runs are due when created or in the past);
 - ``scheduling_misfired_slots_total{task, replica, outcome}``: slots of runs claimed later than
   their grace period: ``missed`` (recorded missed), ``coalesced`` (the slots a coalesced run
@@ -54,7 +54,8 @@ RUNS_DISPATCHED = Counter(
 )
 LATENESS = Histogram(
     "scheduling_run_lateness_seconds",
-    "dispatched_at - scheduled_for of the scheduled runs this replica dispatched, seconds.",
+    "dispatched_at - due_at (the slot plus its jitter) of the scheduled runs this replica "
+    "dispatched, seconds.",
     ["task", "replica"], buckets=LATENESS_BUCKETS,
 )
 MISFIRED_SLOTS = Counter(

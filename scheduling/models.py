@@ -68,6 +68,11 @@ class TaskPolicy(models.Model):
         help_text="A dispatched run no worker started within this is re-published (same task "
         "id). Empty: the global setting (SCHEDULING_DELIVERY_TIMEOUT).",
     )
+    jitter_seconds = models.PositiveIntegerField(
+        default=0,
+        help_text="Each run is due up to this many seconds after its slot, by an offset derived "
+        "from (task, slot): the same on every replica, never past the next slot. 0: none.",
+    )
 
     class Meta:
         verbose_name = "scheduling policy"
@@ -110,6 +115,61 @@ class ScheduleChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.object_id} changed at {self.changed_at}"
+
+
+class PauseQuerySet(models.QuerySet["Pause"]):
+    """Named states of pauses."""
+
+    def open(self) -> PauseQuerySet:
+        """Pauses not resumed yet: at most one per periodic task."""
+        return self.filter(resumed_at__isnull=True)
+
+
+class Pause(models.Model):
+    """One pause of a periodic task: who paused it, when (database clock) and why; and its end.
+
+    A paused task stays ``enabled`` (see docs/semantics.md, "Pause"): its due runs are not
+    dispatched; the first one due is closed ``skipped`` by the claim (reason
+    ``Run.Reason.paused``) and linked here as ``run``, no further slot is planned, and the resume
+    (``ledger.resume``) sets that row's ``slots`` to the number of slots that passed while paused
+    and plans the first slot after the resume. Rows are kept after the resume as the audit of
+    pauses. Written only by ``scheduling.ledger.pausing`` (and the claim's link to ``run``).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    periodic_task = models.ForeignKey(
+        PeriodicTask, on_delete=models.CASCADE, related_name="scheduling_pauses"
+    )
+    paused_at = models.DateTimeField(help_text="When the pause began (database clock, UTC).")
+    paused_by = models.CharField(max_length=150)
+    why = models.TextField(blank=True, help_text="Why the task was paused.")
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    resumed_by = models.CharField(max_length=150, blank=True)
+    run = models.ForeignKey(
+        "Run",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The one skipped run that records the slots passed while paused.",
+    )
+
+    objects = PauseQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-paused_at", "-id"]
+        constraints = [
+            # One open pause per task: a second pause of a paused task is refused by the database.
+            # Also the index of "is this task paused?" (the claim query, planning).
+            models.UniqueConstraint(
+                fields=["periodic_task"],
+                condition=Q(resumed_at__isnull=True),
+                name="scheduling_pause_one_open_per_task",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"pause of {self.periodic_task_id} since {self.paused_at:%Y-%m-%d %H:%M:%S}"
 
 
 class RunQuerySet(models.QuerySet["Run"]):
@@ -231,6 +291,11 @@ class Run(models.Model):
             )
 
         @staticmethod
+        def paused(by: str, why: str) -> str:
+            """The slots that passed while a pause by ``by`` (because ``why``) held the task."""
+            return f"paused by {by}: {why}" if why else f"paused by {by}"
+
+        @staticmethod
         def celery_retry(retries: int) -> str:
             """A delivery executing Celery's retry number ``retries`` of the run."""
             return f"Celery retry {retries}"
@@ -259,6 +324,10 @@ class Run(models.Model):
     periodic_task_name = models.CharField(max_length=200)
     task = models.CharField("Celery task", max_length=200)
     scheduled_for = models.DateTimeField(help_text="Nominal instant of the run (UTC).")
+    due_at = models.DateTimeField(
+        help_text="When the run is due (UTC): scheduled_for plus the task's jitter offset. "
+        "Lateness is measured from it. Left empty on insert, the database sets scheduled_for.",
+    )
     trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.SCHEDULE)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     reason = models.TextField(blank=True, help_text="Why the run was missed, skipped, cancelled.")
@@ -325,10 +394,10 @@ class Run(models.Model):
         ]
         indexes = [
             # "Pending runs due now": a small partial index however large the ledger grows.
-            # In the claim's order (scheduled_for, id): a batch stops after its rows, even inside
-            # a burst of thousands of runs due at the same instant.
+            # In the claim's order (due_at, id): a batch stops after its rows, even inside a
+            # burst of thousands of runs due at the same instant. Also the poll's next due run.
             models.Index(
-                fields=["scheduled_for", "id"],
+                fields=["due_at", "id"],
                 condition=Q(status="pending"),
                 name="scheduling_run_pending_due",
             ),
@@ -354,10 +423,10 @@ class Run(models.Model):
 
     @property
     def lateness(self) -> timedelta | None:
-        """dispatched_at - scheduled_for, or None before dispatch."""
+        """dispatched_at - due_at (the jittered due moment), or None before dispatch."""
         if self.dispatched_at is None:
             return None
-        return self.dispatched_at - self.scheduled_for
+        return self.dispatched_at - (self.due_at or self.scheduled_for)
 
     @property
     def runtime(self) -> timedelta | None:

@@ -32,7 +32,7 @@ class TaskStatus:
 
     ``next_run``: the earliest pending run's slot; ``last_status`` and ``last_run``: the newest
     run by slot that is neither pending nor cancelled (its status and slot); ``lateness``:
-    dispatched_at - scheduled_for of the newest dispatched scheduled run, seconds. Datetimes are
+    dispatched_at - due_at of the newest dispatched scheduled run, seconds. Datetimes are
     aware, UTC; each is None when there is no such run. ``upcoming``: the next slots after the
     database clock (``scheduling.upcoming``), as many as asked for; ``upcoming_error``: why the
     schedule gives none (a ScheduleError's text), else "".
@@ -62,7 +62,7 @@ def task_statuses(upcoming: int = 0) -> list[TaskStatus]:
         .order_by("-scheduled_for", "-pk")
         .annotate(
             late=ExpressionWrapper(
-                F("dispatched_at") - F("scheduled_for"), output_field=DurationField()
+                F("dispatched_at") - F("due_at"), output_field=DurationField()
             )
         )
     )

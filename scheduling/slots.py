@@ -20,6 +20,7 @@ Rules (docs/semantics.md):
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ MAX_COUNTED_SLOTS = 10_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TICK = timedelta(microseconds=1)
 _NAMESPACE = uuid.UUID("6f1c8a52-5d7e-4b7a-9a51-3c1f1e0b7d21")
+#: 2**64 / golden ratio (Fibonacci hashing): task ids k apart get offsets frac(k / phi) apart.
+_GOLDEN = 0x9E3779B97F4A7C15
+_U64 = 2**64
 
 
 def next_run(task: PeriodicTask, after: datetime) -> datetime | None:
@@ -227,6 +231,46 @@ def task_id_for(periodic_task_id: int, scheduled_for: datetime, trigger: str = "
     stamp = scheduled_for.astimezone(UTC).isoformat(timespec="microseconds")
     prefix = "" if trigger == "schedule" else f"{trigger}:"
     return str(uuid.uuid5(_NAMESPACE, f"{prefix}{periodic_task_id}@{stamp}"))
+
+
+def jitter_offset(
+    periodic_task_id: int, slot: datetime, jitter: timedelta, cap: timedelta | None = None
+) -> timedelta:
+    """Return the stable jitter offset of a task's slot, in ``[0, min(jitter, cap))``.
+
+    Derived from (periodic task id, slot) only, so every replica computes the same one: the
+    fraction ``(id * 2**64/phi + blake2b64(slot)) mod 2**64 / 2**64`` of the bound, to the
+    microsecond. Over the slots of one task the slot's hash spreads the offsets uniformly; tasks
+    sharing a slot (a crontab many tasks use) are placed by their ids along the golden-ratio
+    (Weyl) sequence, so even a thousand tasks created together land evenly across the bound, not
+    by chance. ``cap`` is the gap to the next slot (``due_moment``): a run never moves past it.
+    A bound of zero or less gives no offset.
+    """
+    bound = jitter if cap is None else min(jitter, cap)
+    micros = bound // _TICK
+    if micros <= 0:
+        return timedelta(0)
+    stamp = slot.astimezone(UTC).isoformat(timespec="microseconds")
+    spread = int.from_bytes(hashlib.blake2b(stamp.encode(), digest_size=8).digest(), "big")
+    fraction = (periodic_task_id * _GOLDEN + spread) % _U64
+    return timedelta(microseconds=(fraction * micros) >> 64)
+
+
+def due_moment(task: PeriodicTask, slot: datetime, jitter_seconds: float) -> datetime:
+    """Return when the run of ``task`` at ``slot`` is due: the slot plus its jitter offset (UTC).
+
+    The offset (``jitter_offset``) is capped at the gap to the task's next slot, so a jittered
+    run is due before the next slot (an interval's period; a crontab's gap from this match to
+    the next); a slot with no next one (clocked, the last before ``expires``) is capped at
+    ``jitter_seconds`` only. ``slot`` stays the run's identity (``task_id_for``).
+
+    Raises ScheduleError like ``next_run`` (only when ``jitter_seconds`` > 0).
+    """
+    if jitter_seconds <= 0:
+        return slot
+    following = next_run(task, slot)
+    cap = None if following is None else following - slot
+    return slot + jitter_offset(task.pk, slot, timedelta(seconds=jitter_seconds), cap)
 
 
 def slots_between(task: PeriodicTask, since: datetime, until: datetime) -> Iterator[datetime]:

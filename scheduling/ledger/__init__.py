@@ -12,6 +12,7 @@ One module per concept, each the only writer of what it names:
 - ``compiled``: the claim query compiled once and sent prepared (Django/psycopg internals);
 - ``writes``: bulk inserts and updates of runs and tasks;
 - ``manual``: manual runs and backfills;
+- ``pausing``: pause and resume a task (who, when, why; one skipped run for the slots passed);
 - ``execution``: the worker side (start, duplicate guard decision, outcome);
 - ``lost``: running runs whose worker died;
 - ``prune``: deleting old finished runs.
@@ -35,6 +36,7 @@ from scheduling.ledger.execution import (
 )
 from scheduling.ledger.lost import LostExecutions, close_lost_executions
 from scheduling.ledger.manual import BackfillProgress, backfill, request_run, run_now_refusal
+from scheduling.ledger.pausing import pause, resume
 from scheduling.ledger.planning import plan_missing
 from scheduling.ledger.policy import MISSED_ROWS_LIMIT, MisfireDecision
 from scheduling.ledger.pooler import keeps_prepared, pooled
@@ -78,6 +80,7 @@ __all__ = [
     "database_now",
     "keeps_prepared",
     "note_unplanned",
+    "pause",
     "plan_missing",
     "poll",
     "pooled",
@@ -95,5 +98,6 @@ __all__ = [
     "redeliver",
     "replan_edited",
     "request_run",
+    "resume",
     "run_now_refusal",
 ]

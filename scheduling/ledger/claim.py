@@ -36,7 +36,7 @@ from scheduling.ledger.writes import (
     update_tasks,
 )
 from scheduling.messages import Message, build_message
-from scheduling.models import Run
+from scheduling.models import Pause, Run
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,10 @@ def claim_and_dispatch(
     policy (``TaskPolicy``, loaded in the claim query; ``grace`` is the default grace period, a
     task's ``misfire_grace_seconds`` overrides it): see ``policy.misfire``.
 
+    A scheduled run of a paused task (an open ``Pause``, read by the claim query) is recorded
+    skipped (``Run.Reason.paused``), linked to the pause, and no slot is planned after it:
+    ``ledger.resume`` counts the slots that passed and plans the next.
+
     Overlap policy skip (``TaskPolicy``): a scheduled or backfill run due while an earlier run of
     its task is dispatched, running or retrying (dispatched less than the staleness bound ago:
     ``overlap_stale_seconds``, else ``SCHEDULING_OVERLAP_STALE_SECONDS``), or dispatched earlier in
@@ -100,6 +104,7 @@ def claim_and_dispatch(
         claimed = claim_due(batch_size, using)
         if not claimed:
             return []
+        _load_pauses(claimed, using)
         claimed_at, started = claimed[0].db_now, time.monotonic()
         following: list[tuple[PeriodicTask, datetime]] = []
         missed: list[Run] = []
@@ -153,7 +158,10 @@ def claim_and_dispatch(
             update.disable = update.disable or over
             if nxt is not None:
                 following.append((task, nxt))
-            elif not over and task.enabled and run.status != Run.Status.CANCELLED:
+            elif (
+                not over and task.enabled and run.status != Run.Status.CANCELLED
+                and item.pause is None
+            ):
                 unplanned.add(task.pk)  # its schedule gave no next slot: reconcile says why
         send()
         # Not in a psycopg pipeline: after one, PostgreSQL did not end the session when it then
@@ -164,6 +172,7 @@ def claim_and_dispatch(
         update_tasks(task_updates, using)
         if unplanned:
             note_unplanned(unplanned, using)
+        _link_pauses(claimed, using)
     result = [_dispatched(item) for item in claimed]
     for done in result:
         _log(done, replica_id)
@@ -199,8 +208,7 @@ def _log(done: Dispatched, replica_id: str) -> None:
         )
     elif done.status == Run.Status.SKIPPED:
         logger.info(
-            "skipped %s (task id %s): the previous run is not finished",
-            done.periodic_task_name, done.task_id,
+            "skipped %s (task id %s): %s", done.periodic_task_name, done.task_id, done.reason,
             extra={"action": "skip", "replica": replica_id},
         )
     elif done.status == Run.Status.CANCELLED:
@@ -208,6 +216,29 @@ def _log(done: Dispatched, replica_id: str) -> None:
             "cancelled %s (task id %s): %s", done.periodic_task_name, done.task_id,
             done.reason, extra={"action": "cancel", "replica": replica_id},
         )
+
+
+def _load_pauses(claimed: list[ClaimedRun], using: str) -> None:
+    """Load the open pauses of the claimed scheduled runs whose task is paused (one query)."""
+    ids = {
+        item.pause_id for item in claimed
+        if item.pause_id is not None and item.run.trigger == Run.Trigger.SCHEDULE
+    }
+    if not ids:
+        return
+    pauses = Pause.objects.using(using).in_bulk(sorted(ids))
+    for item in claimed:
+        if item.run.trigger == Run.Trigger.SCHEDULE and item.pause_id is not None:
+            item.pause = pauses.get(item.pause_id)
+
+
+def _link_pauses(claimed: list[ClaimedRun], using: str) -> None:
+    """Link each pause to the first run it skipped (the row ``ledger.resume`` completes)."""
+    for item in claimed:
+        if item.pause is not None and item.run.status == Run.Status.SKIPPED:
+            Pause.objects.using(using).filter(pk=item.pause.pk, run__isnull=True).update(
+                run=item.run.pk
+            )
 
 
 def _flush(flush: Callable[[], None], runs: list[Run]) -> None:
@@ -236,9 +267,12 @@ def claim_due(batch_size: int, using: str = "default") -> list[ClaimedRun]:
             "a schedule row cannot be loaded (%s); claiming run by run", exc,
             extra={"action": "load_failed"},
         )
-    rows = list(due(using).values_list("pk", "db_now", "busy_since")[:batch_size])
-    runs = Run.objects.using(using).in_bulk([pk for pk, _, _ in rows])
-    claimed = [ClaimedRun(runs[pk], db_now=now, busy_since=since) for pk, now, since in rows]
+    rows = list(due(using).values_list("pk", "db_now", "busy_since", "pause_id")[:batch_size])
+    runs = Run.objects.using(using).in_bulk([pk for pk, *_ in rows])
+    claimed = [
+        ClaimedRun(runs[pk], db_now=now, busy_since=since, pause_id=paused)
+        for pk, now, since, paused in rows
+    ]
     tasks = _load_tasks({item.run.periodic_task_id for item in claimed} - {None}, using)
     for item in claimed:
         if item.run.periodic_task_id is None:
@@ -308,16 +342,20 @@ def _dispatch_one(
     if scheduled and task.expires is not None and run.scheduled_for >= task.expires:
         close(run, Run.Status.CANCELLED, Run.Reason.TASK_EXPIRED, now)
         return None, True
+    if item.pause is not None:  # paused: no dispatch, nothing planned until the resume
+        pause = item.pause
+        close(run, Run.Status.SKIPPED, Run.Reason.paused(pause.paused_by, pause.why), now)
+        return None, False
     nxt: datetime | None = None
     over = scheduled and task.one_off
     if over:
-        item.misfire = one_off_misfire(task, run.scheduled_for, now, grace)
+        item.misfire = one_off_misfire(task, run.scheduled_for, now, grace, run.due_at)
         if item.misfire is not None:
             close(run, Run.Status.MISSED, item.misfire.reason, now)
             return None, True
     if scheduled and not task.one_off:
         try:
-            item.misfire = misfire(task, run.scheduled_for, now, grace)
+            item.misfire = misfire(task, run.scheduled_for, now, grace, run.due_at)
             if item.misfire is None:
                 nxt = slots.next_run(task, run.scheduled_for)
             else:

@@ -34,7 +34,7 @@ from scheduling.clock import ClockTimestamp, StatementTimestamp
 from scheduling.conf import conf
 from scheduling.ledger.planning import SCHEDULE_RELATED
 from scheduling.ledger.pooler import keeps_prepared
-from scheduling.models import Run, TaskPolicy
+from scheduling.models import Pause, Run, TaskPolicy
 from scheduling.sql import compose
 
 if TYPE_CHECKING:
@@ -46,7 +46,9 @@ class ClaimedRun:
     """A run locked by a claim, with what the claim query read beside it and decides about it.
 
     ``db_now`` is the database clock at the claim; ``busy_since`` the newest dispatch of an
-    unfinished run of the same task (read for overlap policy skip only). The claim fills in
+    unfinished run of the same task (read for overlap policy skip only); ``pause_id`` the task's
+    open pause (``Pause``), None when it is not paused, and ``pause`` that row, loaded by the
+    claim for the paused runs only. The claim fills in
     ``load_error`` (its task could not be loaded), ``overlap`` (why overlap policy skips it),
     ``misfire`` (the misfire decision) and ``missed_after`` (slots recorded missed after it).
     """
@@ -54,6 +56,8 @@ class ClaimedRun:
     run: Run
     db_now: datetime
     busy_since: datetime | None = None
+    pause_id: int | None = None
+    pause: Pause | None = None
     load_error: str = ""
     overlap: str = ""
     misfire: MisfireDecision | None = None
@@ -63,14 +67,17 @@ class ClaimedRun:
 def due(using: str = "default") -> QuerySet[Run]:
     """Due pending runs in claim order, locked with SKIP LOCKED, with the clock and overlap data.
 
+    Due is ``due_at`` (the slot plus the task's jitter offset) at or before the statement's
+    database clock, in ``(due_at, id)`` order: the partial index ``scheduling_run_pending_due``.
+
     Constants are SQL literals, not parameters, so the prepared statement's generic plan can use
     the partial indexes (a predicate ``status = $1`` cannot prove ``status = 'pending'``).
     """
     return (
         Run.objects.using(using)
-        .filter(status=literal(Run.Status.PENDING), scheduled_for__lte=StatementTimestamp())
-        .annotate(db_now=ClockTimestamp(), busy_since=_busy_since())
-        .order_by("scheduled_for", "pk")
+        .filter(status=literal(Run.Status.PENDING), due_at__lte=StatementTimestamp())
+        .annotate(db_now=ClockTimestamp(), busy_since=_busy_since(), pause_id=_open_pause())
+        .order_by("due_at", "pk")
         .select_for_update(skip_locked=True, of=("self",))
     )
 
@@ -119,11 +126,14 @@ class CompiledClaim:
             rows = cursor.fetchall()
         claimed = []
         now, since = self.annotations["db_now"], self.annotations["busy_since"]
+        paused = self.annotations["pause_id"]
         for row in self.compiler.results_iter([rows]):
             run = Run.from_db(self.using, self.names, row[self.fields])
             for populator in self.related:
                 populator.populate(row, run)
-            claimed.append(ClaimedRun(run, db_now=row[now], busy_since=row[since]))
+            claimed.append(
+                ClaimedRun(run, db_now=row[now], busy_since=row[since], pause_id=row[paused])
+            )
         return claimed
 
 
@@ -173,6 +183,15 @@ def _busy_since() -> Case:
         default=None,
         output_field=DateTimeField(),
     )
+
+
+def _open_pause() -> Subquery:
+    """The id of the row's task's open pause, or NULL (an index probe of the partial unique
+    constraint ``scheduling_pause_one_open_per_task``)."""
+    open_pause = Pause.objects.filter(
+        periodic_task=OuterRef("periodic_task"), resumed_at__isnull=True
+    ).order_by()  # at most one row: no sort by the model's ordering
+    return Subquery(open_pause.values("id")[:1])
 
 
 def _any_status(statuses: tuple[str, ...]) -> Q:

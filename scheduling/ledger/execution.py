@@ -39,7 +39,7 @@ def record_started(task_id: str, worker: str, using: str = "default") -> bool:
             Run.objects.using(using)
             .live()
             .filter(task_id=task_id)
-            .select_related(*SCHEDULE_RELATED)
+            .select_related(*SCHEDULE_RELATED, "periodic_task__scheduling_policy")
             .select_for_update(of=("self",))
             .first()
         )

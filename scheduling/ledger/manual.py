@@ -40,6 +40,7 @@ def request_run(
         periodic_task_name=task.name,
         task=task.task,
         scheduled_for=now,
+        due_at=now,
         trigger=Run.Trigger.MANUAL,
         task_id=str(uuid.uuid4()),
         requested_by=requested_by,

@@ -21,7 +21,7 @@ from scheduling.clock import database_now
 from scheduling.exceptions import ScheduleError
 from scheduling.ledger.policy import task_grace
 from scheduling.ledger.writes import failed_plan, insert_pending, insert_runs
-from scheduling.models import Run
+from scheduling.models import Pause, Run
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ def plan_missing(
 ) -> int:
     """Plan the next slot of every enabled task that has no pending scheduled run.
 
+    Paused tasks (an open ``Pause``) are left alone: ``ledger.resume`` plans their next slot.
+
     ``only`` restricts the tasks looked at (a filter on PeriodicTask), for incremental passes.
 
     Returns the number of runs inserted (concurrent planners' duplicates are dropped by the unique
@@ -43,11 +45,13 @@ def plan_missing(
     with the error (once per distinct error) and keeps its other runs' history.
     """
     pending = Run.objects.scheduled().pending().filter(periodic_task=OuterRef("pk"))
+    paused = Pause.objects.open().filter(periodic_task=OuterRef("pk"))
     latest = Run.objects.latest_scheduled().filter(periodic_task=OuterRef("pk"))
     tasks = (
         PeriodicTask.objects.using(using)
         .filter(Q(enabled=True) & (only if only is not None else Q()))
         .exclude(Exists(pending))
+        .exclude(Exists(paused))
         .annotate(
             last_slot=Subquery(latest.values("scheduled_for")[:1]),
             last_error=Subquery(latest.values("error")[:1]),

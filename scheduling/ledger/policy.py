@@ -72,11 +72,16 @@ def task_grace(task: PeriodicTask, default: timedelta) -> timedelta:
 
 
 def misfire(
-    task: PeriodicTask, slot: datetime, now: datetime, default_grace: timedelta
+    task: PeriodicTask,
+    slot: datetime,
+    now: datetime,
+    default_grace: timedelta,
+    due: datetime | None = None,
 ) -> MisfireDecision | None:
     """Decide what the task's misfire policy does with its run of ``slot``; None when on time.
 
-    The run is a misfire when ``now - slot`` exceeds the grace period (``task_grace``). Policies:
+    The run is a misfire when its lateness, ``now - due`` (``due``: the run's jittered due
+    moment, ``slot`` when None), exceeds the grace period (``task_grace``). Policies:
 
     - coalesce (the default, also for a task without a policy row): the run is dispatched once,
       standing for itself and every slot up to ``now`` (``slots``); the next slot is after ``now``.
@@ -99,7 +104,7 @@ def misfire(
     """
     policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
     grace = task_grace(task, default_grace)
-    lateness = now - slot
+    lateness = now - (due or slot)
     if lateness <= grace:
         return None
     kind = TaskPolicy.Misfire.COALESCE if policy is None else policy.misfire_policy
@@ -133,12 +138,17 @@ def misfire(
 
 
 def one_off_misfire(
-    task: PeriodicTask, slot: datetime, now: datetime, default_grace: timedelta
+    task: PeriodicTask,
+    slot: datetime,
+    now: datetime,
+    default_grace: timedelta,
+    due: datetime | None = None,
 ) -> MisfireDecision | None:
     """Decide whether a one-off's single late run is recorded missed; None: dispatch it.
 
-    Policies skip, and catch_up with ``catch_up_limit`` 0, drop a run later than its grace;
-    coalesce and catch_up dispatch it (it stands for one slot).
+    Policies skip, and catch_up with ``catch_up_limit`` 0, drop a run later than its grace
+    (lateness from ``due``, the jittered due moment, else ``slot``); coalesce and catch_up
+    dispatch it (it stands for one slot).
     """
     policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
     if policy is None or policy.misfire_policy == TaskPolicy.Misfire.COALESCE:
@@ -146,7 +156,7 @@ def one_off_misfire(
     if policy.misfire_policy == TaskPolicy.Misfire.CATCH_UP and policy.catch_up_limit > 0:
         return None
     grace = task_grace(task, default_grace)
-    lateness = now - slot
+    lateness = now - (due or slot)
     if lateness <= grace:
         return None
     reason = Run.Reason.missed(policy.misfire_policy, lateness, grace)

@@ -138,10 +138,10 @@ def replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> Non
             .filter(
                 affected(changed, prefix="periodic_task__"),
                 periodic_task__enabled=True,
-                scheduled_for__gt=ClockTimestamp(),
+                due_at__gt=ClockTimestamp(),
             )
             .annotate(last_slot=Subquery(_last_slot_of_task()))
-            .select_related(*SCHEDULE_RELATED)
+            .select_related(*SCHEDULE_RELATED, "periodic_task__scheduling_policy")
             .select_for_update(skip_locked=True, of=("self",))
         )
         moved: list[int] = []

@@ -14,20 +14,42 @@ from django.db import connections
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import slots
-from scheduling.models import Run
+from scheduling.exceptions import ScheduleError
+from scheduling.models import Run, TaskPolicy
 from scheduling.sql import compose, queries
 
 #: Longest error text kept on a run (characters).
 ERROR_LIMIT = 2000
 
 
+def due_at(task: PeriodicTask, slot: datetime) -> datetime:
+    """When the scheduled run of ``task`` at ``slot`` is due: with its policy's jitter (UTC).
+
+    Reads the policy cached by ``select_related("scheduling_policy")`` (no query then). A
+    schedule that cannot give the next slot (the jitter's cap) leaves the run due at its slot;
+    planning records that schedule's error.
+    """
+    policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
+    if policy is None or not policy.jitter_seconds:
+        return slot
+    try:
+        return slots.due_moment(task, slot, policy.jitter_seconds)
+    except ScheduleError:
+        return slot
+
+
 def planned_run(task: PeriodicTask, slot: datetime, **fields: object) -> Run:
-    """Return an unsaved pending scheduled run of ``task`` at ``slot``; ``fields`` override."""
+    """Return an unsaved pending scheduled run of ``task`` at ``slot``; ``fields`` override.
+
+    A scheduled run is due at ``due_at`` (the task's jitter); a backfill run at its slot.
+    """
+    trigger = fields.get("trigger", Run.Trigger.SCHEDULE)
     values: dict[str, object] = {
         "periodic_task": task,
         "periodic_task_name": task.name,
         "task": task.task,
         "scheduled_for": slot,
+        "due_at": due_at(task, slot) if trigger == Run.Trigger.SCHEDULE else slot,
         "trigger": Run.Trigger.SCHEDULE,
         "status": Run.Status.PENDING,
         "task_id": slots.task_id_for(task.pk, slot),
@@ -40,6 +62,7 @@ def failed_plan(task: PeriodicTask, now: datetime, error: str) -> Run:
     return planned_run(
         task,
         now,
+        due_at=now,
         status=Run.Status.FAILED,
         reason=Run.Reason.INVALID_SCHEDULE,
         error=error[:ERROR_LIMIT],
@@ -63,9 +86,10 @@ def insert_runs(runs: list[Run], using: str = "default") -> int:
 def insert_pending(plans: list[tuple[PeriodicTask, datetime]], using: str = "default") -> int:
     """Insert one pending scheduled run per ``(task, slot)`` (aware UTC); conflicts are dropped.
 
-    The planning hot path (every dispatch plans the task's next slot): five arrays (task id and
-    name, Celery task, slot, Celery task id) and the other columns' defaults as constants, with no
-    model instance built per row. Returns ``len(plans)``.
+    The planning hot path (every dispatch plans the task's next slot): six arrays (task id and
+    name, Celery task, slot, due moment (``due_at``: the task's jitter, from its policy loaded
+    with it), Celery task id) and the other columns' defaults as constants, with no model
+    instance built per row. Returns ``len(plans)``.
     """
     if not plans:
         return 0
@@ -76,6 +100,7 @@ def insert_pending(plans: list[tuple[PeriodicTask, datetime]], using: str = "def
         "periodic_task_name": [task.name for task, _ in plans],
         "task": [task.task for task, _ in plans],
         "scheduled_for": [slot for _, slot in plans],
+        "due_at": [due_at(task, slot) for task, slot in plans],
         "task_id": [slots.task_id_for(task.pk, slot) for task, slot in plans],
     }
     defaults = {"trigger": Run.Trigger.SCHEDULE, "status": Run.Status.PENDING}

@@ -40,10 +40,11 @@ SELECT EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = %s)
 SELECT current_database(), pg_postmaster_start_time()
 
 -- poll --
--- An idle tick's one query: the database clock, the earliest pending run (the first entry of the
--- partial index scheduling_run_pending_due) and django-celery-beat's change marker.
+-- An idle tick's one query: the database clock, the earliest due moment of a pending run (the
+-- first entry of the partial index scheduling_run_pending_due) and django-celery-beat's change
+-- marker.
 SELECT clock_timestamp(),
-       (SELECT scheduled_for FROM {run} WHERE status = 'pending' ORDER BY scheduled_for LIMIT 1),
+       (SELECT due_at FROM {run} WHERE status = 'pending' ORDER BY due_at LIMIT 1),
        (SELECT last_update FROM {change_marker} WHERE ident = 1)
 
 -- database_now --

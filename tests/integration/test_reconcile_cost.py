@@ -96,7 +96,7 @@ def test_the_scheduler_checks_every_task_only_at_start_and_every_full_interval(m
     assert len(full) == 2
 
 
-def test_the_claim_and_the_poll_read_the_pending_index_in_slot_order(make_task):
+def test_the_claim_and_the_poll_read_the_pending_index_in_due_order(make_task):
     for _ in range(5):
         make_task(every=3600)
     ledger.reconcile(GRACE)
@@ -107,14 +107,14 @@ def test_the_claim_and_the_poll_read_the_pending_index_in_slot_order(make_task):
         cursor.execute("SET enable_bitmapscan = off")
         cursor.execute(
             "EXPLAIN SELECT id FROM scheduling_run WHERE status = 'pending'"
-            " AND scheduled_for <= statement_timestamp() ORDER BY scheduled_for, id LIMIT 100"
+            " AND due_at <= statement_timestamp() ORDER BY due_at, id LIMIT 100"
         )
         claim_plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("RESET enable_seqscan")
         cursor.execute("RESET enable_bitmapscan")
     assert "Scan using scheduling_run_pending_due" in claim_plan
-    assert "Index Cond: (scheduled_for <= statement_timestamp())" in claim_plan
-    assert "Sort" not in claim_plan  # the index is in the claim's order (scheduled_for, id)
+    assert "Index Cond: (due_at <= statement_timestamp())" in claim_plan
+    assert "Sort" not in claim_plan  # the index is in the claim's order (due_at, id)
 
 
 def test_one_replica_reconciles_at_a_time_and_the_others_go_on_dispatching(
