@@ -20,7 +20,7 @@ from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
-from scheduling import ledger, replicas, slots, timeline
+from scheduling import health, ledger, replicas, slots, timeline
 from scheduling.conf import conf
 from scheduling.exceptions import RunRejected, ScheduleError, SchedulingError
 from scheduling.messages import load_json
@@ -312,6 +312,7 @@ class ScheduleHealthAdmin(ReadOnlyAdmin):
             "outcomes": timeline.OUTCOMES,
             "chart_width": timeline.CHART_WIDTH,
             "row_height": timeline.ROW_HEIGHT,
+            "overdue": health.overdue_tasks(health.CLOSED_WINDOW.total_seconds()),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/scheduling/schedule_health.html", context)

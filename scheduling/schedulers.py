@@ -38,6 +38,7 @@ from scheduling import ledger, metrics
 from scheduling.conf import conf
 from scheduling.exceptions import PublishFailed, RunRejected
 from scheduling.messages import Message
+from scheduling.overdue import OverdueWatch
 from scheduling.replicas import Heartbeat
 from scheduling.retention import BuiltinPrune
 
@@ -77,6 +78,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._failing = ""
         self.heartbeat = Heartbeat(self.replica_id)
         self._prune = BuiltinPrune()
+        self._overdue = OverdueWatch(self.replica_id)
         self._lost = ledger.LostExecutions(conf.worker_lost_after)
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
@@ -141,6 +143,7 @@ class LedgerScheduler(DatabaseScheduler):
         # succeeded, which ``_tick`` reports before a deferred stop signal can cut it short.
         if self._failures and self._failing != "broker":
             self._recovered()
+        self._overdue.step()  # missed-run alerts, outside any claim; never raises
         self.heartbeat.beat()  # display only, after the claim committed; never raises
         return delay
 

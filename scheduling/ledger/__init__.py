@@ -14,7 +14,8 @@ One module per concept, each the only writer of what it names:
 - ``manual``: manual runs and backfills;
 - ``execution``: the worker side (start, duplicate guard decision, outcome);
 - ``lost``: running runs whose worker died;
-- ``prune``: deleting old finished runs.
+- ``prune``: deleting old finished runs;
+- ``overdue``: runs not succeeded within their task's success deadline, marked once.
 
 SQL text lives in ``scheduling.sql`` (named statements in ``queries.sql``; the bulk writers'
 statements composed in ``scheduling.sql.compose``). The names below are the package's public
@@ -35,6 +36,7 @@ from scheduling.ledger.execution import (
 )
 from scheduling.ledger.lost import LostExecutions, close_lost_executions
 from scheduling.ledger.manual import BackfillProgress, backfill, request_run
+from scheduling.ledger.overdue import Overdue, mark_overdue
 from scheduling.ledger.planning import plan_missing
 from scheduling.ledger.policy import MISSED_ROWS_LIMIT, MisfireDecision
 from scheduling.ledger.pooler import keeps_prepared, pooled
@@ -61,6 +63,7 @@ __all__ = [
     "Execution",
     "LostExecutions",
     "MisfireDecision",
+    "Overdue",
     "Poll",
     "PrunePlan",
     "Publish",
@@ -77,6 +80,7 @@ __all__ = [
     "configure_session",
     "database_now",
     "keeps_prepared",
+    "mark_overdue",
     "note_unplanned",
     "plan_missing",
     "poll",
