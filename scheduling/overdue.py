@@ -6,7 +6,7 @@ of its slot. Every ``SCHEDULING_OVERDUE_INTERVAL`` seconds each replica, after i
 outside any claim transaction, marks the runs that broke the promise (``ledger.mark_overdue``:
 one bounded UPDATE; each run is returned to one replica only) and reports each once: a warning
 log line, ``signals.run_overdue`` (so the webhook), and the ``scheduling_runs_overdue_total``
-counter. It also refreshes the ``scheduling_tasks_overdue`` gauge from the ledger
+counter. It also refreshes the ``scheduling_task_overdue_runs`` gauge from the ledger
 (``health.overdue_tasks``), the same state ``manage.py scheduling_health`` reports.
 """
 
