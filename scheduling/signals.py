@@ -4,8 +4,11 @@ Connect receivers as to any Django signal; each is sent once per event, with ``s
 one keyword argument, ``event``: a dict ready for ``json.dumps`` (times as ISO 8601 strings, UTC),
 the same document the optional webhook posts (``scheduling.webhook``):
 
-- ``run_finished``: a worker recorded a run's outcome (``status`` succeeded or failed, or expired,
-  revoked, unknown task). Sent by the worker process, after the outcome is committed.
+- ``run_finished``: a run ended. Sent after the outcome is committed, by the worker process for
+  what it records (succeeded, failed, expired, revoked, unknown task, rejected) and by the
+  replica for what it ends (a claim's missed, skipped and rejected runs; a reconcile pass's
+  "not delivered" and "worker lost"). Cancelled plans and the extra ``missed`` rows of a
+  catch-up beyond its first are not announced.
 - ``run_overdue``: a replica found a scheduled run not succeeded within its task's success
   deadline (``scheduling.overdue``). Sent by the one replica that marked it, after the mark is
   committed, never inside a claim transaction.
@@ -100,18 +103,26 @@ def send(signal: Signal, event: dict[str, Any]) -> None:
             )
 
 
-def announce_finished(task_id: str) -> None:
-    """Send ``run_finished`` for the run of ``task_id`` just recorded; no receiver: no query.
+def announce_finished(*task_ids: str) -> None:
+    """Send ``run_finished`` for each run of ``task_ids`` just ended; no receiver: no query.
 
-    Called by the worker's signal handlers after the outcome's write committed. Never raises: a
-    failed read is logged.
+    Called after the outcome's write committed: by the worker's signal handlers (one task id),
+    and by a replica for the runs its claim ended (missed, skipped, failed before dispatch) and
+    those its reconcile pass closed ("not delivered", "worker lost"). One query for all of them,
+    in slot order. Never raises: a failed read is logged.
     """
-    if not run_finished.has_listeners(Run):
+    if not task_ids or not run_finished.has_listeners(Run):
         return
     try:
-        run = Run.objects.filter(task_id=task_id).exclude(status=Run.Status.CANCELLED).first()
-    except Exception:  # noqa: BLE001 - an announcement must never fail the worker
-        logger.exception("cannot read run %s to announce it", task_id, extra={"action": "signal_failed"})
+        runs = list(
+            Run.objects.filter(task_id__in=task_ids)
+            .exclude(status=Run.Status.CANCELLED)
+            .order_by("scheduled_for", "pk")
+        )
+    except Exception:  # noqa: BLE001 - an announcement must never fail a worker or a replica
+        logger.exception(
+            "cannot read runs %s to announce them", task_ids, extra={"action": "signal_failed"}
+        )
         return
-    if run is not None:
+    for run in runs:
         send(run_finished, finished_document(run))

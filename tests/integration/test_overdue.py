@@ -245,3 +245,21 @@ def test_an_outcome_recorded_by_the_worker_is_announced(make_task, hook):
         "finished_at": run.finished_at.isoformat(timespec="milliseconds"),
         "executions": 0,
     }]
+
+
+def test_a_run_the_claim_ends_is_announced_by_the_replica(make_task, hook):
+    from project.celery import app
+    from scheduling.schedulers import LedgerScheduler
+
+    start = ledger.database_now() - timedelta(seconds=0.5)
+    task = make_task(every=3600, start_time=start, args="not json", name="bad args")
+    scheduler = LedgerScheduler(app=app)
+    for _ in range(3):
+        scheduler.tick()
+    assert webhook.outbox.wait_idle(10)
+
+    run = Run.objects.get(periodic_task=task, scheduled_for=start)
+    assert [(d["event"], d["run_id"], d["status"], d["reason"]) for d in hook.documents] == [
+        ("run.finished", run.pk, Run.Status.FAILED, run.reason)
+    ]
+    assert run.reason == Run.Reason.REJECTED
