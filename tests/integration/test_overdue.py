@@ -112,9 +112,10 @@ def test_concurrent_passes_report_each_run_once(make_task):
     def replica() -> None:
         try:
             start.wait()
-            results.append([run.run_id for run in ledger.mark_overdue(None, limit=30)])
+            mine: list[int] = []
             while batch := ledger.mark_overdue(None, limit=30):
-                results[-1].extend(run.run_id for run in batch)
+                mine.extend(run.run_id for run in batch)
+            results.append(mine)
         finally:
             connections.close_all()
 
