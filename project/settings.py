@@ -112,7 +112,8 @@ STATIC_ROOT = BASE_DIR / ".data" / "static"
 # Bounds the chaos tool and the acceptance tests shorten (seconds; scheduling.conf has defaults),
 # and the delivery settings they change: the re-publish limit and the worker-loss policy.
 for _name in (
-    "IDLE_IN_TRANSACTION_TIMEOUT", "RECONCILE_INTERVAL", "WORKER_LOST_AFTER", "DELIVERY_TIMEOUT"
+    "IDLE_IN_TRANSACTION_TIMEOUT", "RECONCILE_INTERVAL", "WORKER_LOST_AFTER", "DELIVERY_TIMEOUT",
+    "SUCCESS_DEADLINE",
 ):
     if os.environ.get(f"SCHEDULING_{_name}"):
         globals()[f"SCHEDULING_{_name}"] = float(os.environ[f"SCHEDULING_{_name}"])
@@ -120,6 +121,9 @@ if os.environ.get("SCHEDULING_REPUBLISH_LIMIT"):
     SCHEDULING_REPUBLISH_LIMIT = int(os.environ["SCHEDULING_REPUBLISH_LIMIT"])
 if os.environ.get("SCHEDULING_WORKER_LOST_POLICY"):
     SCHEDULING_WORKER_LOST_POLICY = os.environ["SCHEDULING_WORKER_LOST_POLICY"]
+# Missed-run alerts: where the webhook posts each run outcome and overdue run (unset: nowhere).
+if os.environ.get("SCHEDULING_WEBHOOK_URL"):
+    SCHEDULING_WEBHOOK_URL = os.environ["SCHEDULING_WEBHOOK_URL"]
 
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 DEFAULT_FROM_EMAIL = "scheduler@example.com"

@@ -22,7 +22,7 @@ from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
-from scheduling import ledger, preview, replicas, slots, timeline, windows
+from scheduling import health, ledger, preview, replicas, slots, timeline, windows
 from scheduling.clock import database_now
 from scheduling.conf import conf
 from scheduling.exceptions import PauseRejected, RunRejected, ScheduleError, SchedulingError
@@ -522,6 +522,7 @@ class ScheduleHealthAdmin(ReadOnlyAdmin):
             "window_query": query.urlencode(),
             "outcomes": OUTCOMES,
             "chart_width": timeline.CHART_WIDTH,
+            "overdue": health.overdue_tasks(health.CLOSED_WINDOW.total_seconds()),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/scheduling/schedule_health.html", context)

@@ -10,3 +10,8 @@ class SchedulingConfig(AppConfig):
 
     def ready(self) -> None:
         from scheduling import checks, worker  # noqa: F401  (registers checks and signal handlers)
+        from scheduling import webhook
+        from scheduling.conf import conf
+
+        if conf.webhook_url:
+            webhook.connect()

@@ -69,6 +69,14 @@ def _optional_duration(value: object) -> timedelta | None:
     return None if value in (None, "") else parse_duration(value)
 
 
+def _optional_seconds(value: object) -> float | None:
+    return None if value in (None, "") else float(value)  # type: ignore[arg-type]
+
+
+def _optional_text(value: object) -> str | None:
+    return str(value) if value else None
+
+
 class Conf:
     """Typed, lazy view of the SCHEDULING_* settings."""
 
@@ -176,6 +184,26 @@ class Conf:
     ))
     prune_batch_size = Setting(500, int, (
         "Most runs one built-in prune transaction deletes (one batch per idle tick)."
+    ))
+    success_deadline = Setting(None, _optional_seconds, (
+        "Missed-run alerts: a scheduled run that has not succeeded this many seconds after its "
+        "slot is overdue (signal, webhook, metric, health probe). Per task: "
+        "TaskPolicy.success_deadline_seconds. Unset: no alert for tasks without their own."
+    ))
+    overdue_interval = Setting(1.0, float, (
+        "Seconds between two overdue passes of a replica (each one bounded UPDATE, outside any "
+        "claim transaction): a run is reported within its deadline plus about this long."
+    ))
+    webhook_url = Setting(None, _optional_text, (
+        "URL that receives one JSON document per run outcome and per overdue run (HTTP POST); "
+        "unset: no webhook."
+    ))
+    webhook_timeout = Setting(5.0, float, (
+        "Timeout of one webhook POST (connect and read), in seconds."
+    ))
+    webhook_retries = Setting(3, int, (
+        "Most further attempts of a webhook POST that failed (no answer, or a 5xx or 429 "
+        "status), each after a doubling wait from 0.5 s; then the event is logged and dropped."
     ))
 
 

@@ -8,7 +8,7 @@ Read-only, a few queries, all on the database clock (``clock_timestamp()``). Use
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import connection
 from django.db.models import Count, Min, Q
@@ -21,6 +21,16 @@ from scheduling.sql import queries
 
 #: How far back the probe's line counts runs closed without executing.
 CLOSED_WINDOW = timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class OverdueTask:
+    """A periodic task overdue now: ``runs`` overdue since its last success, the oldest slot
+    ``since`` (aware UTC)."""
+
+    name: str
+    runs: int
+    since: datetime
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,9 @@ def check(max_tick_age: float, max_overdue: float, host: str | None = None) -> V
     a run is still pending more than ``max_overdue`` seconds after its ``due_at`` (its slot, or
     later by the task's jitter; nobody
     claimed it, or every claim of it rolled back or hangs), or when a dispatched run no worker
-    started is past its delivery deadline plus a reconcile interval (nothing re-published it).
+    started is past its delivery deadline plus a reconcile interval (nothing re-published it), or
+    when a periodic task is overdue (``overdue_tasks``: its runs stopped succeeding within its
+    success deadline), naming the tasks.
     A healthy line also counts the runs closed "not delivered" or "worker lost" in the last 24 h. Every reason found goes on the one
     line, separated by ``; ``. Raises django.db.DatabaseError when the database cannot be read.
     """
@@ -73,6 +85,11 @@ def check(max_tick_age: float, max_overdue: float, host: str | None = None) -> V
             f"{runs} pending more than {max_overdue:g} s past the slot (oldest: {oldest[0]!r} "
             f"scheduled for {oldest[1].isoformat(timespec='milliseconds')})"
         )
+    overdue_now = overdue_tasks(CLOSED_WINDOW.total_seconds())
+    if overdue_now:
+        names = ", ".join(repr(task.name) for task in overdue_now)
+        tasks = "1 task" if len(overdue_now) == 1 else f"{len(overdue_now)} tasks"
+        reasons.append(f"{tasks} overdue (no run succeeded within its deadline): {names}")
     undelivered = _undelivered()
     if undelivered:
         runs = "1 run" if undelivered == 1 else f"{undelivered} runs"
@@ -88,6 +105,20 @@ def check(max_tick_age: float, max_overdue: float, host: str | None = None) -> V
         f"ok: {live}{where} ticked within {max_tick_age:g} s; "
         f"no run pending more than {max_overdue:g} s past the slot{_closed_lately()}",
     )
+
+
+def overdue_tasks(window: float) -> list[OverdueTask]:
+    """Periodic tasks overdue now, by name: a run marked within ``window`` seconds, no success since.
+
+    A replica marks a run overdue (``ledger.mark_overdue``) when it has not succeeded within its
+    task's success deadline; the task stays overdue until one of its runs at or after that slot
+    succeeds (the overdue run's own late success included). Runs of deleted tasks do not count.
+    Read-only, one query on the partial index ``scheduling_run_overdue``. Raises
+    django.db.DatabaseError when the database cannot be read.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(queries["overdue_tasks"], {"window": window})
+        return [OverdueTask(*row) for row in cursor.fetchall()]
 
 
 def _undelivered() -> int:

@@ -19,6 +19,12 @@ for the guard, ``worker`` (the Celery worker's node name):
   ``recover`` (its worker died mid-body, worker-loss policy recover);
 - ``scheduling_runs_not_executed_total{task, replica, reason}``: runs a replica closed without
   them executing to the end: ``not delivered``, ``worker lost``, ``rejected before dispatch``;
+- ``scheduling_runs_overdue_total{task, replica}``: runs this replica found overdue (not succeeded
+  within their task's success deadline; ``scheduling.overdue``): each overdue run is counted by
+  one replica only, so the sum over replicas is the number of overdue runs;
+- ``scheduling_task_overdue_runs{task}``: a gauge, the overdue runs of the task since its last
+  success (0 when it is not overdue), read from the ledger by every replica (take ``max by
+  (task)``); the shipped alerting rules (``scheduling/prometheus/alerts.yml``) use both;
 - ``scheduling_claim_seconds{replica}``: histogram of the claim transaction's duration (lock,
   publish, mark dispatched, plan the next, commit), empty claims included.
 
@@ -35,12 +41,20 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 
 from scheduling.conf import conf
 
 if TYPE_CHECKING:
-    from scheduling.ledger import Dispatched, Redelivered
+    from scheduling.health import OverdueTask
+    from scheduling.ledger import Dispatched, Overdue, Redelivered
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +95,18 @@ RUNS_NOT_EXECUTED = Counter(
     "Runs this replica closed without them executing to the end, by reason.",
     ["task", "replica", "reason"],
 )
+RUNS_OVERDUE = Counter(
+    "scheduling_runs_overdue",
+    "Runs this replica found not succeeded within their task's success deadline.",
+    ["task", "replica"],
+)
+TASK_OVERDUE_RUNS = Gauge(
+    "scheduling_task_overdue_runs",
+    "Overdue runs of the task since its last success (0: not overdue), from the ledger.",
+    ["task"], multiprocess_mode="livemax",
+)
+#: The task labels this process set the gauge for, so a task no longer overdue goes back to 0.
+_overdue_labels: set[str] = set()
 CLAIM_SECONDS = Histogram(
     "scheduling_claim_seconds", "Duration of one claim transaction, seconds.", ["replica"],
     buckets=CLAIM_BUCKETS,
@@ -137,6 +163,31 @@ def observe_worker_lost(names: Iterable[str], replica: str) -> None:
     try:
         for name in names:
             RUNS_NOT_EXECUTED.labels(_task(name), replica, "worker lost").inc()
+    except Exception:  # noqa: BLE001 - metrics must never stop a replica
+        logger.exception("cannot record metrics", extra={"action": "metrics_failed"})
+
+
+def observe_overdue(found: Iterable[Overdue], replica: str) -> None:
+    """Count the runs one overdue pass of this replica marked (``ledger.mark_overdue``)."""
+    try:
+        for run in found:
+            RUNS_OVERDUE.labels(_task(run.periodic_task_name), replica).inc()
+    except Exception:  # noqa: BLE001 - metrics must never stop a replica
+        logger.exception("cannot record metrics", extra={"action": "metrics_failed"})
+
+
+def observe_overdue_tasks(tasks: Iterable[OverdueTask]) -> None:
+    """Set the overdue gauge to the tasks overdue now (``health.overdue_tasks``), others to 0."""
+    try:
+        current: dict[str, int] = {}
+        for task in tasks:
+            label = _task(task.name)
+            current[label] = current.get(label, 0) + task.runs
+        for label in _overdue_labels - current.keys():
+            TASK_OVERDUE_RUNS.labels(label).set(0)
+        for label, runs in current.items():
+            TASK_OVERDUE_RUNS.labels(label).set(runs)
+        _overdue_labels.update(current)
     except Exception:  # noqa: BLE001 - metrics must never stop a replica
         logger.exception("cannot record metrics", extra={"action": "metrics_failed"})
 

@@ -73,6 +73,12 @@ class TaskPolicy(models.Model):
         help_text="Each run is due up to this many seconds after its slot, by an offset derived "
         "from (task, slot): the same on every replica, never past the next slot. 0: none.",
     )
+    success_deadline_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="A scheduled run that has not succeeded this long after its slot is overdue "
+        "(an alert). Empty: the global setting (SCHEDULING_SUCCESS_DEADLINE; unset: no alert).",
+    )
 
     class Meta:
         verbose_name = "scheduling policy"
@@ -361,6 +367,12 @@ class Run(models.Model):
         "recovers).",
     )
     republished_at = models.DateTimeField(null=True, blank=True)
+    overdue_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When a replica found the run not succeeded past its task's success deadline "
+        "(database clock); set once, by one replica (scheduling.overdue).",
+    )
 
     objects = RunQuerySet.as_manager()
 
@@ -415,6 +427,22 @@ class Run(models.Model):
                 fields=["periodic_task", "-dispatched_at"],
                 condition=Q(status__in=["dispatched", "running", "retrying"]),
                 name="scheduling_run_unfinished",
+            ),
+            # The overdue watch's candidates (ledger.mark_overdue, by slot): scheduled runs not
+            # yet found overdue that may still become so. A run leaves it when it succeeds or is
+            # marked; failed, missed and expired runs of tasks without a deadline stay, and the
+            # watch reads only the slots between the shortest and longest deadline's reach.
+            models.Index(
+                fields=["scheduled_for"],
+                condition=Q(trigger="schedule", overdue_at__isnull=True)
+                & ~Q(status__in=["succeeded", "cancelled", "skipped"]),
+                name="scheduling_run_overdue_watch",
+            ),
+            # Overdue runs per task, newest slot first (the health probe, the overdue gauge).
+            models.Index(
+                fields=["periodic_task", "-scheduled_for"],
+                condition=Q(overdue_at__isnull=False),
+                name="scheduling_run_overdue",
             ),
         ]
 

@@ -34,10 +34,12 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.utils.json import dumps
 
-from scheduling import ledger, metrics
+from scheduling import ledger, metrics, signals
 from scheduling.conf import conf
 from scheduling.exceptions import PublishFailed, RunRejected
 from scheduling.messages import Message
+from scheduling.models import Run
+from scheduling.overdue import OverdueWatch
 from scheduling.replicas import Heartbeat
 from scheduling.retention import BuiltinPrune
 
@@ -46,6 +48,8 @@ logger = logging.getLogger(__name__)
 _UNSEEN = object()
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
 _BACKOFF_BASE = 0.5
+#: Statuses of the runs a claim ended without dispatching them (announced as run_finished).
+_ENDED = frozenset({Run.Status.MISSED, Run.Status.SKIPPED, Run.Status.FAILED})
 #: Seconds a replica waits for another replica's reconcile turn before it takes the holder to be
 #: stuck and reconciles anyway. A pass normally takes milliseconds; a full one over 100,000 tasks
 #: 0.2 s, or about 8 s on 2 cores when it plans them all from nothing (a first deployment), and a
@@ -77,6 +81,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._failing = ""
         self.heartbeat = Heartbeat(self.replica_id)
         self._prune = BuiltinPrune()
+        self._overdue = OverdueWatch(self.replica_id)
         self._lost = ledger.LostExecutions(conf.worker_lost_after)
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
@@ -141,6 +146,7 @@ class LedgerScheduler(DatabaseScheduler):
         # succeeded, which ``_tick`` reports before a deferred stop signal can cut it short.
         if self._failures and self._failing != "broker":
             self._recovered()
+        self._overdue.step()  # missed-run alerts, outside any claim; never raises
         self.heartbeat.beat()  # display only, after the claim committed; never raises
         return delay
 
@@ -166,6 +172,7 @@ class LedgerScheduler(DatabaseScheduler):
                 self._recovered()  # published and committed: the broker took them
         self.heartbeat.claimed(len(dispatched))
         metrics.observe_claim(dispatched, self.replica_id, time.monotonic() - started)
+        signals.announce_finished(*(d.task_id for d in dispatched if d.status in _ENDED))
         # More may be due (a full batch) or planned already due (a catching-up interval): look
         # again at once. Runs locked by other replicas are theirs; come back after a short nap.
         return 0.0 if dispatched else min(self.max_interval, 0.05)
@@ -231,6 +238,7 @@ class LedgerScheduler(DatabaseScheduler):
         )
         planned = ledger.reconcile(grace, full=full, lost=self._lost)
         metrics.observe_worker_lost([name for _, name in self._lost.closed], self.replica_id)
+        signals.announce_finished(*(task_id for task_id, _ in self._lost.closed))
         self._redeliver()
         if full:
             self._last_full_reconcile = started
@@ -261,6 +269,7 @@ class LedgerScheduler(DatabaseScheduler):
                 batch_size=conf.batch_size,
             )
         metrics.observe_redelivery(done, self.replica_id)
+        signals.announce_finished(*done.closed)
 
     def _connected_producer(self) -> Any:
         """Return the producer, connecting with a short bounded retry (never Celery's 100).

@@ -13,6 +13,9 @@ handlers record what happened:
 - ``task_unknown`` / ``task_rejected``: failed with a clear error when the worker does not know
   the task name or cannot read the message.
 
+After each outcome is committed, ``scheduling.signals.run_finished`` is sent
+(``announce_finished``: no query unless a receiver is connected, such as the webhook).
+
 Tasks not sent by the scheduler (no ``scheduling_run`` header) return at the first check.
 """
 
@@ -28,6 +31,7 @@ from django.db import InterfaceError, OperationalError, connection
 from scheduling import guard, ledger
 from scheduling.messages import HEADER_RUN
 from scheduling.models import Run
+from scheduling.signals import announce_finished
 
 logger = logging.getLogger(__name__)
 
@@ -81,20 +85,21 @@ def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
 
 @signals.task_success.connect(dispatch_uid="scheduling.task_success")
 def _on_success(sender: Any = None, **_: Any) -> None:
-    if _is_scheduled(sender):
-        record(ledger.record_finished,
-            sender.request.id, Run.Status.SUCCEEDED, retries=_retries(sender)
-        )
+    if _is_scheduled(sender) and record(
+        ledger.record_finished, sender.request.id, Run.Status.SUCCEEDED, retries=_retries(sender)
+    ):
+        announce_finished(sender.request.id)
 
 
 @signals.task_failure.connect(dispatch_uid="scheduling.task_failure")
 def _on_failure(
     sender: Any = None, task_id: str = "", exception: BaseException | None = None, **_: Any
 ) -> None:
-    if _is_scheduled(sender):
-        record(ledger.record_finished,
-            task_id, Run.Status.FAILED, _short(exception), retries=_retries(sender)
-        )
+    if _is_scheduled(sender) and record(
+        ledger.record_finished, task_id, Run.Status.FAILED, _short(exception),
+        retries=_retries(sender),
+    ):
+        announce_finished(task_id)
 
 
 @signals.task_retry.connect(dispatch_uid="scheduling.task_retry")
@@ -123,6 +128,7 @@ def _on_revoked(
             ledger.record_not_executed, request.id, Run.Status.FAILED, Run.Reason.REVOKED, error
         ) or (terminated and record(ledger.record_finished, request.id, Run.Status.FAILED, error))
     if closed:
+        announce_finished(request.id)
         logger.warning(
             "run %s %s", request.id, "expired" if expired else "revoked",
             extra={"action": "expired" if expired else "revoked"},
@@ -147,6 +153,7 @@ def _on_unknown(sender: Any = None, message: Any = None, name: str = "", **_: An
     if record(
         ledger.record_not_executed, task_id, Run.Status.FAILED, Run.Reason.UNKNOWN_TASK, error
     ):
+        announce_finished(task_id)
         logger.error("run %s failed: %s", task_id, error, extra={"action": "unknown_task"})
 
 
@@ -161,4 +168,5 @@ def _on_rejected(sender: Any = None, message: Any = None, exc: Any = None, **_: 
         ledger.record_not_executed, task_id, Run.Status.FAILED, Run.Reason.REJECTED_BY_WORKER,
         error,
     ):
+        announce_finished(task_id)
         logger.error("run %s failed: %s", task_id, error, extra={"action": "rejected"})

@@ -15,7 +15,8 @@ One module per concept, each the only writer of what it names:
 - ``pausing``: pause and resume a task (who, when, why; one skipped run for the slots passed);
 - ``execution``: the worker side (start, duplicate guard decision, outcome);
 - ``lost``: running runs whose worker died;
-- ``prune``: deleting old finished runs.
+- ``prune``: deleting old finished runs;
+- ``overdue``: runs not succeeded within their task's success deadline, marked once.
 
 SQL text lives in ``scheduling.sql`` (named statements in ``queries.sql``; the bulk writers'
 statements composed in ``scheduling.sql.compose``). The names below are the package's public
@@ -37,6 +38,7 @@ from scheduling.ledger.execution import (
 from scheduling.ledger.lost import LostExecutions, close_lost_executions
 from scheduling.ledger.manual import BackfillProgress, backfill, request_run, run_now_refusal
 from scheduling.ledger.pausing import pause, resume
+from scheduling.ledger.overdue import Overdue, mark_overdue
 from scheduling.ledger.planning import plan_missing
 from scheduling.ledger.policy import MISSED_ROWS_LIMIT, MisfireDecision
 from scheduling.ledger.pooler import keeps_prepared, pooled
@@ -63,6 +65,7 @@ __all__ = [
     "Execution",
     "LostExecutions",
     "MisfireDecision",
+    "Overdue",
     "Poll",
     "PrunePlan",
     "Publish",
@@ -79,6 +82,7 @@ __all__ = [
     "configure_session",
     "database_now",
     "keeps_prepared",
+    "mark_overdue",
     "note_unplanned",
     "pause",
     "plan_missing",

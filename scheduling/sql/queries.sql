@@ -231,3 +231,56 @@ SELECT periodic_task_id,
 FROM {run}
 WHERE periodic_task_id = ANY(%(tasks)s) AND scheduled_for >= %(start)s AND scheduled_for < %(end)s
 GROUP BY periodic_task_id, bucket, trigger, status
+
+-- mark_overdue --
+-- The overdue pass (scheduling.overdue): scheduled runs that have not succeeded within their
+-- task's success deadline after the slot (the policy's success_deadline_seconds, else
+-- %(deadline)s seconds; neither: never), not found overdue before, oldest first, at most
+-- %(limit)s, each marked with the database clock by one replica only: rows another session holds
+-- are skipped, and a row another replica marked meanwhile fails "overdue_at IS NULL" when the
+-- UPDATE re-reads it. Skipped runs (overlap, pause) and cancelled plans are never overdue. The
+-- reach (shortest deadline in use, longest plus %(lookback)s seconds) bounds the scan of the
+-- partial index scheduling_run_overdue_watch to the slots that can be due; without any deadline
+-- the scan is empty.
+WITH reach AS MATERIALIZED (
+    SELECT min(d) AS shortest, max(d) AS longest FROM (
+        SELECT success_deadline_seconds::float8 AS d FROM {task_policy}
+        WHERE success_deadline_seconds IS NOT NULL
+        UNION ALL SELECT %(deadline)s::float8 WHERE %(deadline)s::float8 IS NOT NULL) AS used
+),
+due AS (
+    SELECT r.id, COALESCE(p.success_deadline_seconds::float8, %(deadline)s::float8) AS deadline
+    FROM {run} r LEFT JOIN {task_policy} p ON p.periodic_task_id = r.periodic_task_id
+    WHERE r.trigger = 'schedule' AND r.overdue_at IS NULL
+      AND r.status NOT IN ('succeeded', 'cancelled', 'skipped')
+      AND r.scheduled_for <= statement_timestamp()
+          - make_interval(secs => (SELECT shortest FROM reach))
+      AND r.scheduled_for > statement_timestamp()
+          - make_interval(secs => (SELECT longest FROM reach) + %(lookback)s)
+      AND r.scheduled_for <= clock_timestamp() - make_interval(
+          secs => COALESCE(p.success_deadline_seconds::float8, %(deadline)s::float8))
+    ORDER BY r.scheduled_for, r.id
+    LIMIT %(limit)s
+    FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE {run} AS r SET overdue_at = clock_timestamp()
+FROM due
+WHERE r.id = due.id AND r.overdue_at IS NULL
+RETURNING r.id, r.periodic_task_id, r.periodic_task_name, r.task, r.task_id, r.scheduled_for,
+    r.status, r.overdue_at, due.deadline
+
+-- overdue_tasks --
+-- Periodic tasks overdue now: those with a run marked overdue within the last %(window)s seconds
+-- and no succeeded run of the task at or after that run's slot (a later success, or the run's own
+-- late one, ends it). Per task name: the overdue runs since, and the oldest slot among them.
+-- Runs of deleted tasks do not count. Served by the partial index scheduling_run_overdue.
+SELECT r.periodic_task_name, count(*), min(r.scheduled_for)
+FROM {run} r
+WHERE r.overdue_at IS NOT NULL AND r.periodic_task_id IS NOT NULL
+  AND r.overdue_at > clock_timestamp() - make_interval(secs => %(window)s::float8)
+  AND NOT EXISTS (
+      SELECT 1 FROM {run} s
+      WHERE s.periodic_task_id = r.periodic_task_id AND s.status = 'succeeded'
+        AND s.scheduled_for >= r.scheduled_for)
+GROUP BY r.periodic_task_name
+ORDER BY r.periodic_task_name

@@ -112,12 +112,13 @@ def test_wheel_holds_the_app_only(wheel):
     assert names & {"scheduling/chaos.py", "scheduling/processes.py"} == set()
     shipped = {  # every migration, template and static file of the source tree
         path.relative_to(ROOT).as_posix()
-        for folder in ("migrations", "templates", "static", "management")
+        for folder in ("migrations", "templates", "static", "management", "prometheus")
         for path in (ROOT / "scheduling" / folder).rglob("*")
         if path.is_file() and "__pycache__" not in path.parts
     }
     assert "scheduling/migrations/0001_initial.py" in shipped
     assert "scheduling/templates/admin/scheduling/backfill.html" in shipped
+    assert "scheduling/prometheus/alerts.yml" in shipped
     assert shipped - names == set()
 
 

@@ -161,6 +161,8 @@ def test_the_ledger_has_no_index_that_another_one_already_serves():
         "scheduling_run_one_backfill_per_slot",
         "scheduling_run_one_pending_per_task",
         "scheduling_run_one_per_slot",
+        "scheduling_run_overdue",  # partial: overdue runs only (the health probe, the gauge)
+        "scheduling_run_overdue_watch",  # partial: the overdue pass's candidates by slot
         "scheduling_run_pending_due",
         "scheduling_run_pending_orphan",
         "scheduling_run_pkey",

@@ -32,7 +32,8 @@ def test_every_setting_is_read_through_override_settings_and_converted():
         "BROKER_TIMEOUT": "0.5", "REJECT_UNKNOWN_TASKS": "", "HEARTBEAT_INTERVAL": 1,
         "METRICS_PORT": "9100", "METRICS_ADDR": "127.0.0.1", "METRICS_TASK_LABELS": 0,
         "PRUNE_OLDER_THAN": "12h", "PRUNE_KEEP_LAST": "3", "PRUNE_INTERVAL": 60,
-        "PRUNE_BATCH_SIZE": "50",
+        "PRUNE_BATCH_SIZE": "50", "SUCCESS_DEADLINE": "90", "OVERDUE_INTERVAL": "0.5",
+        "WEBHOOK_URL": "http://127.0.0.1:1/hook", "WEBHOOK_TIMEOUT": 2, "WEBHOOK_RETRIES": "1",
     }
     assert set(configured) == set(DEFAULTS)
     with override_settings(**{f"SCHEDULING_{name}": value for name, value in configured.items()}):
@@ -52,6 +53,9 @@ def test_every_setting_is_read_through_override_settings_and_converted():
         "METRICS_ADDR": (str, "127.0.0.1"), "METRICS_TASK_LABELS": (bool, False),
         "PRUNE_OLDER_THAN": (timedelta, timedelta(hours=12)), "PRUNE_KEEP_LAST": (int, 3),
         "PRUNE_INTERVAL": (float, 60.0), "PRUNE_BATCH_SIZE": (int, 50),
+        "SUCCESS_DEADLINE": (float, 90.0), "OVERDUE_INTERVAL": (float, 0.5),
+        "WEBHOOK_URL": (str, "http://127.0.0.1:1/hook"), "WEBHOOK_TIMEOUT": (float, 2.0),
+        "WEBHOOK_RETRIES": (int, 1),
     }
 
 

@@ -14,8 +14,9 @@ from scheduling.health import check
 
 class Command(BaseCommand):
     help = (
-        "Exit 0 when a beat replica ticked recently and no run is overdue, else exit 1; print one "
-        "line saying why. For container healthchecks."
+        "Exit 0 when a beat replica ticked recently, no run is pending past its slot and no "
+        "periodic task is overdue (runs not succeeding within its success deadline), else exit "
+        "1; print one line saying why, naming the overdue tasks. For container healthchecks."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
