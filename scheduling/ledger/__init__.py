@@ -14,7 +14,8 @@ One module per concept, each the only writer of what it names:
 - ``manual``: manual runs and backfills;
 - ``execution``: the worker side (start, duplicate guard decision, outcome);
 - ``lost``: running runs whose worker died;
-- ``prune``: deleting old finished runs.
+- ``prune``: deleting old finished runs;
+- ``history``: who makes an edit, told to the edit history's triggers.
 
 SQL text lives in ``scheduling.sql`` (named statements in ``queries.sql``; the bulk writers'
 statements composed in ``scheduling.sql.compose``). The names below are the package's public
@@ -33,6 +34,7 @@ from scheduling.ledger.execution import (
     record_retry,
     record_started,
 )
+from scheduling.ledger.history import acting, set_actor
 from scheduling.ledger.lost import LostExecutions, close_lost_executions
 from scheduling.ledger.manual import BackfillProgress, backfill, request_run
 from scheduling.ledger.planning import plan_missing
@@ -67,6 +69,7 @@ __all__ = [
     "Redelivered",
     "Republisher",
     "StatementTimestamp",
+    "acting",
     "application_name",
     "backfill",
     "beat_schedule_sync",
@@ -95,4 +98,5 @@ __all__ = [
     "redeliver",
     "replan_edited",
     "request_run",
+    "set_actor",
 ]

@@ -17,7 +17,7 @@ from django_celery_beat.models import PeriodicTask
 from scheduling import slots
 from scheduling.clock import database_now
 from scheduling.exceptions import BackfillRejected
-from scheduling.ledger.writes import insert_runs, planned_run
+from scheduling.ledger.writes import definition_version, insert_runs, planned_run
 from scheduling.models import Run
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ def request_run(task: PeriodicTask, *, requested_by: str = "", using: str = "def
         trigger=Run.Trigger.MANUAL,
         task_id=str(uuid.uuid4()),
         requested_by=requested_by,
+        definition_version=definition_version(task),
     )
     logger.info(
         "manual run of %r requested by %s", task.name, requested_by or "-",

@@ -14,11 +14,22 @@ from django.db import connections
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import slots
-from scheduling.models import Run
+from scheduling.models import Run, TaskVersion
 from scheduling.sql import compose, queries
 
 #: Longest error text kept on a run (characters).
 ERROR_LIMIT = 2000
+
+
+def definition_version(task: PeriodicTask) -> int | None:
+    """The definition version of ``task`` to write on a run planned from it (None: unknown).
+
+    Read from ``TaskVersion`` as loaded with the task (``planning.TASK_RELATED``: one join in the
+    query that read the task, so the version and the definition come from the same snapshot);
+    a task loaded without it costs one query here.
+    """
+    counter: TaskVersion | None = getattr(task, "scheduling_version", None)
+    return None if counter is None else counter.version
 
 
 def planned_run(task: PeriodicTask, slot: datetime, **fields: object) -> Run:
@@ -31,6 +42,7 @@ def planned_run(task: PeriodicTask, slot: datetime, **fields: object) -> Run:
         "trigger": Run.Trigger.SCHEDULE,
         "status": Run.Status.PENDING,
         "task_id": slots.task_id_for(task.pk, slot),
+        "definition_version": definition_version(task),
     }
     return Run(**{**values, **fields})
 
@@ -63,8 +75,8 @@ def insert_runs(runs: list[Run], using: str = "default") -> int:
 def insert_pending(plans: list[tuple[PeriodicTask, datetime]], using: str = "default") -> int:
     """Insert one pending scheduled run per ``(task, slot)`` (aware UTC); conflicts are dropped.
 
-    The planning hot path (every dispatch plans the task's next slot): five arrays (task id and
-    name, Celery task, slot, Celery task id) and the other columns' defaults as constants, with no
+    The planning hot path (every dispatch plans the task's next slot): six arrays (task id and
+    name, Celery task, slot, Celery task id, definition version) and the other columns' defaults as constants, with no
     model instance built per row. Returns ``len(plans)``.
     """
     if not plans:
@@ -77,6 +89,7 @@ def insert_pending(plans: list[tuple[PeriodicTask, datetime]], using: str = "def
         "task": [task.task for task, _ in plans],
         "scheduled_for": [slot for _, slot in plans],
         "task_id": [slots.task_id_for(task.pk, slot) for task, slot in plans],
+        "definition_version": [definition_version(task) for task, _ in plans],
     }
     defaults = {"trigger": Run.Trigger.SCHEDULE, "status": Run.Status.PENDING}
     params = [defaults.get(f.attname, f.get_default()) for f in constant] + [

@@ -15,7 +15,10 @@ from psycopg import sql
 from scheduling.models import Run
 
 #: Columns of a newly planned run that come from its task and slot; the others take their defaults.
-PLAN_COLUMNS = ("periodic_task_id", "periodic_task_name", "task", "scheduled_for", "task_id")
+PLAN_COLUMNS = (
+    "periodic_task_id", "periodic_task_name", "task", "scheduled_for", "task_id",
+    "definition_version",
+)
 
 
 def insert_fields() -> list[Field]:
@@ -49,7 +52,7 @@ def insert_runs(connection: BaseDatabaseWrapper) -> str:
 
 
 def insert_pending(connection: BaseDatabaseWrapper) -> tuple[str, list[Field], list[Field]]:
-    """``INSERT`` of pending scheduled runs from the five ``PLAN_COLUMNS`` arrays.
+    """``INSERT`` of pending scheduled runs from the six ``PLAN_COLUMNS`` arrays.
 
     Returns ``(statement, constant fields, varying fields)``: the parameters are one value per
     constant field (the column's default), then one array per varying field, in those orders.

@@ -196,3 +196,9 @@ WHERE id = %s AND pid = %s
 -- replica_prune --
 -- Rows of replicas that have not ticked for the retention (an interval) are deleted.
 DELETE FROM {replica} WHERE last_tick_at < clock_timestamp() - %s
+
+-- set_actor --
+-- Who makes the edits of this transaction (an admin user), for the edit history's triggers
+-- (migration 0016 reads it with current_setting('scheduling.actor', true)). Transaction-local:
+-- it ends with the transaction, so it never reaches a pooler's next client.
+SELECT set_config('scheduling.actor', %s, true)
