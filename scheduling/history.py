@@ -88,7 +88,7 @@ def render_history(task_id: int, using: str = "default") -> SafeString:
     rows = format_html_join(
         "",
         '<tr id="history-v{}"><td><a href="{}">{}</a></td><td>{}</td><td>{}</td>'
-        "<td>{} {} {}</td><td>{}</td></tr>",
+        '<td>{} {} {}</td><td style="overflow-wrap: anywhere">{}</td></tr>',
         (
             (
                 entry.version, entry_url(entry), entry.version,
