@@ -14,8 +14,8 @@ from django.template.response import TemplateResponse
 from django.templatetags.static import static
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.http import urlencode
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from django_celery_beat.admin import ClockedScheduleAdmin as BaseClockedScheduleAdmin
 from django_celery_beat.admin import CrontabScheduleAdmin as BaseCrontabScheduleAdmin
 from django_celery_beat.admin import IntervalScheduleAdmin as BaseIntervalScheduleAdmin

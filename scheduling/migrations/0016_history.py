@@ -18,10 +18,9 @@ import django.db.models.deletion
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
-# The columns of a periodic task that are bookkeeping, not definition (a claim writes them).
-_IGNORED = "'{last_run_at,total_run_count}'::text[]"
-
-_FUNCTIONS = f"""
+# Every to_jsonb of a row drops the periodic task's bookkeeping columns, last_run_at and
+# total_run_count: a claim writes them at each dispatch; they are no part of the definition.
+_FUNCTIONS = """
 CREATE FUNCTION scheduling_write_history(kind text, operation text, changes jsonb)
 RETURNS void LANGUAGE sql AS $$
     WITH change AS (
@@ -74,15 +73,15 @@ DECLARE
     changes jsonb;
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        SELECT jsonb_agg(jsonb_build_array(NULL, to_jsonb(n) - {_IGNORED})) INTO changes
+        SELECT jsonb_agg(jsonb_build_array(NULL, to_jsonb(n) - '{last_run_at,total_run_count}'::text[])) INTO changes
         FROM scheduling_new_rows AS n;
     ELSIF TG_OP = 'DELETE' THEN
-        SELECT jsonb_agg(jsonb_build_array(to_jsonb(o) - {_IGNORED}, NULL)) INTO changes
+        SELECT jsonb_agg(jsonb_build_array(to_jsonb(o) - '{last_run_at,total_run_count}'::text[], NULL)) INTO changes
         FROM scheduling_old_rows AS o;
     ELSE
         SELECT jsonb_agg(jsonb_build_array(c.old, c.new)) INTO changes
         FROM (
-            SELECT to_jsonb(o) - {_IGNORED} AS old, to_jsonb(n) - {_IGNORED} AS new
+            SELECT to_jsonb(o) - '{last_run_at,total_run_count}'::text[] AS old, to_jsonb(n) - '{last_run_at,total_run_count}'::text[] AS new
             FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o
                 ON to_jsonb(o)->key = to_jsonb(n)->key
         ) AS c
@@ -129,13 +128,13 @@ _TABLES = (
 _TRIGGERS = "".join(_triggers(*table) for table in _TABLES)
 
 # The tasks that exist now: version 1, and their definition as it stands.
-_BASELINE = f"""
+_BASELINE = """
 INSERT INTO scheduling_taskversion (periodic_task_id, version)
 SELECT id, 1 FROM django_celery_beat_periodictask;
 INSERT INTO scheduling_taskhistory
     (periodic_task_id, periodic_task_name, version, kind, object_id, operation, before, after,
      changed_at, actor, role)
-SELECT t.id, t.name, 1, 'task', t.id, 'recorded', NULL, to_jsonb(t) - {_IGNORED},
+SELECT t.id, t.name, 1, 'task', t.id, 'recorded', NULL, to_jsonb(t) - '{last_run_at,total_run_count}'::text[],
        clock_timestamp(), '', current_user
 FROM django_celery_beat_periodictask AS t;
 """

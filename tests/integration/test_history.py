@@ -109,7 +109,7 @@ def test_an_admin_edit_and_a_raw_sql_edit_are_in_the_history_and_name_the_runs_v
 
     page = admin_client_.get(url).content.decode()
     assert '<tr id="history-v3">' in page
-    assert "<td>crontab %d changed</td>" % later.pk in page
+    assert f"<td>crontab {later.pk} changed</td>" in page
     assert "<code>hour</code>: &quot;6&quot; → &quot;7&quot;" in page
     assert f"SQL role {role}" in page
     assert "<td>root</td>" in page
