@@ -13,21 +13,31 @@ from django.db.models import F, QuerySet
 from django.http import HttpRequest, QueryDict
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
+from django_celery_beat.admin import ClockedScheduleAdmin as BaseClockedScheduleAdmin
 from django_celery_beat.admin import CrontabScheduleAdmin as BaseCrontabScheduleAdmin
+from django_celery_beat.admin import IntervalScheduleAdmin as BaseIntervalScheduleAdmin
 from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
-from django_celery_beat.models import CrontabSchedule, PeriodicTask
+from django_celery_beat.admin import SolarScheduleAdmin as BaseSolarScheduleAdmin
+from django_celery_beat.models import (
+    ClockedSchedule,
+    CrontabSchedule,
+    IntervalSchedule,
+    PeriodicTask,
+    SolarSchedule,
+)
 
-from scheduling import health, ledger, preview, replicas, slots, timeline, windows
+from scheduling import health, history, ledger, preview, replicas, slots, timeline, windows
 from scheduling.clock import database_now
 from scheduling.conf import conf
 from scheduling.exceptions import PauseRejected, RunRejected, ScheduleError, SchedulingError
 from scheduling.messages import load_json
-from scheduling.models import Pause, Replica, Run, ScheduleHealth, TaskPolicy
+from scheduling.models import Pause, Replica, Run, ScheduleHealth, TaskHistory, TaskPolicy
 from scheduling.outcomes import OUTCOMES, status_badge
 
 RECENT_RUNS = 10
@@ -67,6 +77,34 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class RecordsActorAdmin(admin.ModelAdmin):
+    """Edits made on these pages are recorded in the edit history as made by the admin user.
+
+    Each view that can write (the change form with its inlines, deletion, the list's actions and
+    list edits) runs in one transaction that first names the user for the history's triggers
+    (``ledger.acting``: the transaction-local setting ``scheduling.actor``).
+    """
+
+    def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        with ledger.acting(_actor(request)):
+            return super().changeform_view(request, *args, **kwargs)
+
+    def delete_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        with ledger.acting(_actor(request)):
+            return super().delete_view(request, *args, **kwargs)
+
+    def changelist_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        if request.method != "POST":
+            return super().changelist_view(request, *args, **kwargs)
+        with ledger.acting(_actor(request)):
+            return super().changelist_view(request, *args, **kwargs)
+
+
+def _actor(request: HttpRequest) -> str:
+    user = getattr(request, "user", None)
+    return user.get_username() if user is not None and user.is_authenticated else ""
+
+
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
     """The ledger: every run, its outcome and timings; nothing can be added, changed, deleted."""
@@ -93,9 +131,21 @@ class RunAdmin(ReadOnlyAdmin):
     show_full_result_count = False
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [field.name for field in Run._meta.fields] + [
-            "display_scheduled_for", "display_lateness", "display_runtime"
-        ]
+        names = [field.name for field in Run._meta.fields]
+        names[names.index("definition_version")] = "display_definition_version"
+        return names + ["display_scheduled_for", "display_lateness", "display_runtime"]
+
+    @admin.display(description="definition version")
+    def display_definition_version(self, run: Run) -> str:
+        """The version its task's definition had when this run was planned, linked to the change."""
+        entry = history.entry_for(run)
+        if entry is None:
+            return "-" if run.definition_version is None else str(run.definition_version)
+        return format_html(
+            '<a href="{}">version {}</a>: {} {} by {} at {} UTC',
+            history.entry_url(entry), entry.version, entry.kind, entry.operation,
+            history.who(entry), _utc_ms(entry.changed_at),
+        )
 
     @admin.display(description="scheduled for (UTC)", ordering="scheduled_for")
     def display_scheduled_for(self, run: Run) -> str:
@@ -178,8 +228,9 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
 
 
 @admin.register(PeriodicTask)
-class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
-    """django-celery-beat's periodic task admin: recent and upcoming runs, run now via the ledger."""
+class PeriodicTaskAdmin(RecordsActorAdmin, preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
+    """django-celery-beat's periodic task admin: recent and upcoming runs, pauses, its edit
+    history, run now and backfill via the ledger."""
 
     form = PeriodicTaskForm
     inlines = [TaskPolicyInline]
@@ -192,7 +243,7 @@ class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         return (
             *super().get_readonly_fields(request, obj), "upcoming_runs", "recent_runs",
-            "pause_state",
+            "pause_state", "edit_history",
         )
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -201,6 +252,7 @@ class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
         if obj is not None:
             fieldsets.insert(0, ("Pause", {"fields": ("pause_state",)}))
             fieldsets.append(("Recent runs", {"fields": ("recent_runs",)}))
+            fieldsets.append(("Edit history", {"fields": ("edit_history",)}))
         return fieldsets
 
     def saved_task(self, obj: PeriodicTask) -> PeriodicTask:
@@ -244,6 +296,10 @@ class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
             state, rows,
         )
 
+    @admin.display(description="edit history")
+    def edit_history(self, obj: PeriodicTask) -> str:
+        return history.render_history(obj.pk)
+
     @admin.display(description="recent runs")
     def recent_runs(self, obj: PeriodicTask) -> str:
         runs = Run.objects.filter(periodic_task=obj).order_by("-scheduled_for", "-id")[:RECENT_RUNS]
@@ -251,7 +307,8 @@ class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
             return "No runs yet."
         rows = format_html_join(
             "",
-            '<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="reason">{}</td>'
+            '<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
+            '<td class="reason">{}</td>'
             "</tr>",
             (
                 (
@@ -260,6 +317,7 @@ class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
                     status_badge(run.status),
                     _seconds(run.lateness),
                     _cut(run.claimed_by),
+                    _version_link(run),
                     run.error or run.reason or "",
                 )
                 for run in runs
@@ -267,8 +325,8 @@ class PeriodicTaskAdmin(preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
         )
         return format_html(
             '<table class="recent-runs"><thead><tr><th>scheduled for (UTC)</th><th>trigger</th>'
-            "<th>status</th>"
-            "<th>lateness</th><th>replica</th><th>reason / error</th></tr></thead>"
+            "<th>status</th><th>lateness</th><th>replica</th><th>version</th>"
+            "<th>reason / error</th></tr></thead>"
             "<tbody>{}</tbody></table>",
             rows,
         )
@@ -393,6 +451,14 @@ class PauseForm(forms.Form):
         label="Reason", max_length=500, widget=forms.Textarea(attrs={"rows": 3}),
         help_text="Shown on the task's page and in the ledger.",
     )
+
+
+def _version_link(run: Run) -> str:
+    """A run's definition version linked to its entry in the edit history on the same page."""
+    if run.definition_version is None:
+        return "-"
+    return format_html('<a href="#history-v{}">{}</a>', run.definition_version,
+                       run.definition_version)
 
 
 class BackfillForm(forms.Form):
@@ -550,8 +616,11 @@ admin.site.unregister(CrontabSchedule)
 
 
 @admin.register(CrontabSchedule)
-class CrontabScheduleAdmin(preview.UpcomingRunsAdmin, BaseCrontabScheduleAdmin):
-    """django-celery-beat's crontab admin with ``CrontabScheduleForm`` and upcoming runs."""
+class CrontabScheduleAdmin(
+    RecordsActorAdmin, preview.UpcomingRunsAdmin, BaseCrontabScheduleAdmin
+):
+    """django-celery-beat's crontab admin with ``CrontabScheduleForm`` and upcoming runs; edits
+    name their user in the edit history."""
 
     form = CrontabScheduleForm
     fields = (*BaseCrontabScheduleAdmin.fields, "upcoming_runs")
@@ -566,4 +635,77 @@ class CrontabScheduleAdmin(preview.UpcomingRunsAdmin, BaseCrontabScheduleAdmin):
         data = form.cleaned_data
         return preview.crontab_task(
             CrontabSchedule(**{name: data[name] for name in preview.CRONTAB_FIELDS}), now
+        )
+
+
+admin.site.unregister(IntervalSchedule)
+admin.site.unregister(SolarSchedule)
+admin.site.unregister(ClockedSchedule)
+
+
+@admin.register(IntervalSchedule)
+class IntervalScheduleAdmin(RecordsActorAdmin, BaseIntervalScheduleAdmin):
+    """django-celery-beat's interval admin; edits name their user in the edit history."""
+
+
+@admin.register(SolarSchedule)
+class SolarScheduleAdmin(RecordsActorAdmin, BaseSolarScheduleAdmin):
+    """django-celery-beat's solar admin; edits name their user in the edit history."""
+
+
+@admin.register(ClockedSchedule)
+class ClockedScheduleAdmin(RecordsActorAdmin, BaseClockedScheduleAdmin):
+    """django-celery-beat's clocked admin; edits name their user in the edit history."""
+
+
+@admin.register(TaskHistory)
+class TaskHistoryAdmin(ReadOnlyAdmin):
+    """The edit history: every change of a periodic task, its schedule row or its policy.
+
+    Written by database triggers, whoever made the change (admin, ORM, raw SQL); read only.
+    """
+
+    list_display = (
+        "periodic_task_name", "version", "display_changed_at", "display_who", "kind",
+        "object_id", "operation", "display_changes",
+    )
+    list_filter = ("kind", "operation", "periodic_task_name")
+    search_fields = ("periodic_task_name", "actor", "role")
+    date_hierarchy = "changed_at"
+    ordering = ("-changed_at", "-id")
+    show_full_result_count = False
+    readonly_fields = (
+        "periodic_task_name", "display_task", "version", "display_changed_at", "display_who",
+        "kind", "object_id", "operation", "display_changes", "display_runs",
+    )
+    fields = readonly_fields
+
+    @admin.display(description="changed at (UTC)", ordering="changed_at")
+    def display_changed_at(self, entry: TaskHistory) -> str:
+        return _utc_ms(entry.changed_at)
+
+    @admin.display(description="by")
+    def display_who(self, entry: TaskHistory) -> str:
+        return history.who(entry)
+
+    @admin.display(description="before → after")
+    def display_changes(self, entry: TaskHistory) -> str:
+        return history.render_changes(entry)
+
+    @admin.display(description="periodic task")
+    def display_task(self, entry: TaskHistory) -> str:
+        if not PeriodicTask.objects.filter(pk=entry.periodic_task_id).exists():
+            return f"{entry.periodic_task_id} (deleted)"
+        url = reverse("admin:django_celery_beat_periodictask_change",
+                      args=[entry.periodic_task_id])
+        return format_html('<a href="{}#history-v{}">{}</a>', url, entry.version,
+                           entry.periodic_task_name)
+
+    @admin.display(description="runs planned from this version")
+    def display_runs(self, entry: TaskHistory) -> str:
+        query = urlencode(
+            {"periodic_task__id__exact": entry.periodic_task_id, "definition_version": entry.version}
+        )
+        return format_html(
+            '<a href="{}?{}">the runs</a>', reverse("admin:scheduling_run_changelist"), query
         )

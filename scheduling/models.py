@@ -178,6 +178,89 @@ class Pause(models.Model):
         return f"pause of {self.periodic_task_id} since {self.paused_at:%Y-%m-%d %H:%M:%S}"
 
 
+class TaskVersion(models.Model):
+    """The version counter of one periodic task's definition, kept by database triggers.
+
+    Migration 0016's triggers set it to 1 when a task is created and add 1 at every change of the
+    task, of its schedule row (a crontab shared by ten tasks moves all ten) or of its scheduling
+    policy, however made: admin, ORM or raw SQL; each change is one ``TaskHistory`` row carrying
+    the new number. Planning reads it with the task (``select_related("scheduling_version")``,
+    one join, no query per run) and writes it on the run as ``Run.definition_version``. No
+    foreign key constraint: a task deleted by raw SQL must not be refused; the trigger deletes
+    the row with the task.
+    """
+
+    periodic_task = models.OneToOneField(
+        PeriodicTask,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        primary_key=True,
+        related_name="scheduling_version",
+    )
+    version = models.PositiveIntegerField(default=1)
+
+    def __str__(self) -> str:
+        return f"version {self.version}"
+
+
+class TaskHistory(models.Model):
+    """One change of a periodic task's definition: when, what (before and after), who, version.
+
+    Written only by database triggers (migration 0016) on django-celery-beat's periodic task and
+    schedule tables and on ``TaskPolicy``, in the transaction of the change, so an edit by raw
+    SQL is kept as surely as one in the admin. ``before`` and ``after`` hold the columns that
+    changed (the whole row for a creation or deletion, ``before`` empty or ``after`` empty);
+    the task's bookkeeping columns ``last_run_at`` and ``total_run_count`` are never part of a
+    change. A schedule row shared by several tasks gives one row per task. ``actor`` is the admin
+    user who saved (passed through the transaction-local setting ``scheduling.actor``), empty
+    when not known; ``role`` is the SQL role that ran the statement. ``version`` is the task's
+    definition version after the change, the one ``Run.definition_version`` names. Rows outlive
+    their task (no foreign key): the audit survives deletion.
+    """
+
+    class Kind(models.TextChoices):
+        TASK = "task"
+        INTERVAL = "interval"
+        CRONTAB = "crontab"
+        SOLAR = "solar"
+        CLOCKED = "clocked"
+        POLICY = "policy"
+
+    class Operation(models.TextChoices):
+        CREATED = "created"
+        CHANGED = "changed"
+        DELETED = "deleted"
+        #: The definition as it stood when the history began (migration 0016).
+        RECORDED = "recorded"
+
+    id = models.BigAutoField(primary_key=True)
+    periodic_task_id = models.IntegerField()
+    periodic_task_name = models.CharField(max_length=200)
+    version = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    object_id = models.IntegerField(help_text="Id of the row that changed.")
+    operation = models.CharField(max_length=16, choices=Operation.choices)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    changed_at = models.DateTimeField(db_default=Now())
+    actor = models.CharField(max_length=150, blank=True, help_text="Admin user, when known.")
+    role = models.CharField("SQL role", max_length=150)
+
+    class Meta:
+        verbose_name = "edit history entry"
+        verbose_name_plural = "edit history"
+        ordering = ["-changed_at", "-id"]
+        constraints = [
+            # One entry per version of a task: the run's definition_version names exactly one.
+            models.UniqueConstraint(
+                fields=["periodic_task_id", "version"], name="scheduling_history_one_per_version"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.periodic_task_name} version {self.version}: {self.kind} {self.operation}"
+
+
 class RunQuerySet(models.QuerySet["Run"]):
     """Named states of the ledger."""
 
@@ -372,6 +455,12 @@ class Run(models.Model):
         blank=True,
         help_text="When a replica found the run not succeeded past its task's success deadline "
         "(database clock); set once, by one replica (scheduling.overdue).",
+    )
+    definition_version = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The task's definition version this run was planned from (its edit history "
+        "entry); empty for runs planned before the history began.",
     )
 
     objects = RunQuerySet.as_manager()

@@ -17,6 +17,7 @@ One module per concept, each the only writer of what it names:
 - ``lost``: running runs whose worker died;
 - ``prune``: deleting old finished runs;
 - ``overdue``: runs not succeeded within their task's success deadline, marked once.
+- ``history``: who makes an edit, told to the edit history's triggers.
 
 SQL text lives in ``scheduling.sql`` (named statements in ``queries.sql``; the bulk writers'
 statements composed in ``scheduling.sql.compose``). The names below are the package's public
@@ -35,6 +36,7 @@ from scheduling.ledger.execution import (
     record_retry,
     record_started,
 )
+from scheduling.ledger.history import acting, set_actor
 from scheduling.ledger.lost import LostExecutions, close_lost_executions
 from scheduling.ledger.manual import BackfillProgress, backfill, request_run, run_now_refusal
 from scheduling.ledger.pausing import pause, resume
@@ -72,6 +74,7 @@ __all__ = [
     "Redelivered",
     "Republisher",
     "StatementTimestamp",
+    "acting",
     "application_name",
     "backfill",
     "beat_schedule_sync",
@@ -104,4 +107,5 @@ __all__ = [
     "request_run",
     "resume",
     "run_now_refusal",
+    "set_actor",
 ]

@@ -17,7 +17,7 @@ from django_celery_beat.models import PeriodicTask
 from scheduling import slots
 from scheduling.clock import database_now
 from scheduling.exceptions import BackfillRejected, RunNowRefused
-from scheduling.ledger.writes import insert_runs, planned_run
+from scheduling.ledger.writes import definition_version, insert_runs, planned_run
 from scheduling.models import Run
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ def request_run(
         trigger=Run.Trigger.MANUAL,
         task_id=str(uuid.uuid4()),
         requested_by=requested_by,
+        definition_version=definition_version(task),
     )
     # Debug: the caller reports the result (a command's stdout line, the admin's message).
     logger.debug(

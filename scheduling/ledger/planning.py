@@ -25,8 +25,9 @@ from scheduling.models import Pause, Run
 
 logger = logging.getLogger(__name__)
 
-#: The schedule rows of a periodic task, loaded with it (``select_related``).
-TASK_RELATED = ("interval", "crontab", "clocked", "solar")
+#: What planning reads with a periodic task (``select_related``, joins in the same query): its
+#: schedule rows and its definition version (``TaskVersion``, written on each run it plans).
+TASK_RELATED = ("interval", "crontab", "clocked", "solar", "scheduling_version")
 #: The same, from a run.
 SCHEDULE_RELATED = tuple(f"periodic_task__{name}" for name in TASK_RELATED)
 

@@ -15,7 +15,7 @@ from django_celery_beat.models import PeriodicTask
 
 from scheduling import slots
 from scheduling.exceptions import ScheduleError
-from scheduling.models import Run, TaskPolicy
+from scheduling.models import Run, TaskPolicy, TaskVersion
 from scheduling.sql import compose, queries
 
 #: Longest error text kept on a run (characters).
@@ -38,6 +38,17 @@ def due_at(task: PeriodicTask, slot: datetime) -> datetime:
         return slot
 
 
+def definition_version(task: PeriodicTask) -> int | None:
+    """The definition version of ``task`` to write on a run planned from it (None: unknown).
+
+    Read from ``TaskVersion`` as loaded with the task (``planning.TASK_RELATED``: one join in the
+    query that read the task, so the version and the definition come from the same snapshot);
+    a task loaded without it costs one query here.
+    """
+    counter: TaskVersion | None = getattr(task, "scheduling_version", None)
+    return None if counter is None else counter.version
+
+
 def planned_run(task: PeriodicTask, slot: datetime, **fields: object) -> Run:
     """Return an unsaved pending scheduled run of ``task`` at ``slot``; ``fields`` override.
 
@@ -53,6 +64,7 @@ def planned_run(task: PeriodicTask, slot: datetime, **fields: object) -> Run:
         "trigger": Run.Trigger.SCHEDULE,
         "status": Run.Status.PENDING,
         "task_id": slots.task_id_for(task.pk, slot),
+        "definition_version": definition_version(task),
     }
     return Run(**{**values, **fields})
 
@@ -88,8 +100,8 @@ def insert_pending(plans: list[tuple[PeriodicTask, datetime]], using: str = "def
 
     The planning hot path (every dispatch plans the task's next slot): six arrays (task id and
     name, Celery task, slot, due moment (``due_at``: the task's jitter, from its policy loaded
-    with it), Celery task id) and the other columns' defaults as constants, with no model
-    instance built per row. Returns ``len(plans)``.
+    with it), Celery task id, definition version) and the other columns' defaults as constants,
+    with no model instance built per row. Returns ``len(plans)``.
     """
     if not plans:
         return 0
@@ -102,6 +114,7 @@ def insert_pending(plans: list[tuple[PeriodicTask, datetime]], using: str = "def
         "scheduled_for": [slot for _, slot in plans],
         "due_at": [due_at(task, slot) for task, slot in plans],
         "task_id": [slots.task_id_for(task.pk, slot) for task, slot in plans],
+        "definition_version": [definition_version(task) for task, _ in plans],
     }
     defaults = {"trigger": Run.Trigger.SCHEDULE, "status": Run.Status.PENDING}
     params = [defaults.get(f.attname, f.get_default()) for f in constant] + [

@@ -16,7 +16,8 @@ from scheduling.models import Run
 
 #: Columns of a newly planned run that come from its task and slot; the others take their defaults.
 PLAN_COLUMNS = (
-    "periodic_task_id", "periodic_task_name", "task", "scheduled_for", "due_at", "task_id"
+    "periodic_task_id", "periodic_task_name", "task", "scheduled_for", "due_at", "task_id",
+    "definition_version",
 )
 
 

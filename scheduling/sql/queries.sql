@@ -284,3 +284,9 @@ WHERE r.overdue_at IS NOT NULL AND r.periodic_task_id IS NOT NULL
         AND s.scheduled_for >= r.scheduled_for)
 GROUP BY r.periodic_task_name
 ORDER BY r.periodic_task_name
+
+-- set_actor --
+-- Who makes the edits of this transaction (an admin user), for the edit history's triggers
+-- (migration 0016 reads it with current_setting('scheduling.actor', true)). Transaction-local:
+-- it ends with the transaction, so it never reaches a pooler's next client.
+SELECT set_config('scheduling.actor', %s, true)

@@ -199,11 +199,17 @@ def test_every_admin_page_of_the_app_renders_with_runs_in_the_ledger(staff, make
     assert any(page.startswith("/admin/scheduling/run/") and page.endswith("/change/")
                for page in pages)
     statuses = {page: staff.get(page).status_code for page in pages}
-    # the ledger and the replicas are audit views, with no add form; every other page renders
-    audit = {reverse("admin:scheduling_run_add"), reverse("admin:scheduling_replica_add")}
+    # the ledger, the replicas and the edit history are audit views, with no add form; every
+    # other page renders
+    audit = {
+        reverse("admin:scheduling_run_add"), reverse("admin:scheduling_replica_add"),
+        reverse("admin:scheduling_taskhistory_add"),
+    }
+    assert any(page.startswith("/admin/scheduling/taskhistory/") and page.endswith("/change/")
+               for page in pages)
     assert statuses == {page: 403 if page in audit else 200 for page in pages}
-    # 3 indexes; changelist and add form of 7 models, the change form of the 5 with a row; health
-    assert len(pages) == 3 + 7 * 2 + 5 + 1
+    # 3 indexes; changelist and add form of 8 models, the change form of the 6 with a row; health
+    assert len(pages) == 3 + 8 * 2 + 6 + 1
     assert "hourly digest" in staff.get(HEALTH).content.decode()
 
 
