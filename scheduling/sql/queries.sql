@@ -208,12 +208,13 @@ WHERE periodic_task_id = ANY(%(tasks)s) AND scheduled_for >= %(start)s AND sched
 GROUP BY periodic_task_id, trigger, status
 
 -- health_lateness --
--- The p95 and largest lateness (dispatched_at - scheduled_for, seconds) of each task's
--- dispatched scheduled runs in [start, end): manual runs and backfills are not late by schedule.
+-- The p95 and largest lateness (dispatched_at - due_at, seconds: from the jittered due moment)
+-- of each task's dispatched scheduled runs in [start, end): manual runs and backfills are not
+-- late by schedule.
 SELECT periodic_task_id,
        percentile_cont(0.95) WITHIN GROUP (
-           ORDER BY extract(epoch FROM dispatched_at - scheduled_for)::float8),
-       max(extract(epoch FROM dispatched_at - scheduled_for))::float8
+           ORDER BY extract(epoch FROM dispatched_at - due_at)::float8),
+       max(extract(epoch FROM dispatched_at - due_at))::float8
 FROM {run}
 WHERE periodic_task_id = ANY(%(tasks)s) AND scheduled_for >= %(start)s AND scheduled_for < %(end)s
   AND trigger = 'schedule' AND dispatched_at IS NOT NULL
@@ -226,7 +227,7 @@ GROUP BY periodic_task_id
 SELECT periodic_task_id,
        floor(extract(epoch FROM scheduled_for - %(origin)s) / %(step)s)::integer AS bucket,
        trigger, status, count(*), min(scheduled_for), max(scheduled_for),
-       max(extract(epoch FROM dispatched_at - scheduled_for))::float8,
+       max(extract(epoch FROM dispatched_at - due_at))::float8,
        max(left(coalesce(nullif(error, ''), reason), 160))
 FROM {run}
 WHERE periodic_task_id = ANY(%(tasks)s) AND scheduled_for >= %(start)s AND scheduled_for < %(end)s
