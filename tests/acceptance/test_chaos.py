@@ -12,11 +12,13 @@ of 10 s, so a message the broker lost is re-published within the settling time.
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 from django.conf import settings
 
 from tests.acceptance import deployment
+from tests.acceptance.deployment import wait_until
 from tools import chaos
 from tools.brokers import Broker
 
@@ -65,3 +67,25 @@ def test_bounded_chaos_run_loses_and_doubles_nothing(tmp_path):
         broker.add("broker database flushed")
     assert broker <= {kind for kind, n in report.faults.items() if n}
     assert report.policies["fail"] and report.policies["recover"]
+
+
+def test_the_check_reads_the_log_after_the_workers_finished_what_they_run(deployment):
+    """``chaos.quiesce`` stops the workers warm before the check reads their log: a run being
+    executed then is in it (a 10-minute run on Redis counted 7 runs that a worker finished
+    between the check's read of the log and of the ledger as "succeeded, not in the log")."""
+    from project.celery import app
+
+    deployment.start_worker("worker", concurrency=1)
+    deployment.wait_ready(timeout=120)
+    task_id = str(uuid.uuid4())
+    app.send_task(
+        "project.tasks.record", kwargs={"label": "slow", "sleep": 3, "log_start": True},
+        queue=deployment.queue, task_id=task_id,
+    )
+    starts = wait_until(lambda: deployment.executions("start"), timeout=60)
+    assert [e["task_id"] for e in starts] == [task_id]
+
+    chaos.quiesce(deployment, [], ["worker"])
+
+    assert not deployment.alive("worker")
+    assert [e["task_id"] for e in deployment.executions()] == [task_id]
