@@ -93,7 +93,15 @@ class Broker:
         return self.transport == "amqp"
 
     def purge(self) -> int:
-        """Empty the run's queue; return how many messages kombu says it removed."""
+        """Empty the run's queue; return how many messages were removed.
+
+        On the SQL broker the messages are deleted with SKIP LOCKED: a row a worker's open
+        transaction holds (a worker this run SIGSTOPped while it took a message holds it until
+        the SIGCONT that the fault loop would never reach while a purge waited) stays, as a
+        message already on its way to that worker would on the other brokers.
+        """
+        if self.transport == "sql":
+            return self._purge_sql()
         from kombu import Connection
 
         with (
@@ -190,6 +198,19 @@ class Broker:
             return cut
         finally:
             client.close()
+
+    def _purge_sql(self) -> int:
+        import psycopg
+
+        with psycopg.connect(_libpq_url(self.url), autocommit=True) as connection:
+            row = connection.execute(
+                "WITH gone AS (DELETE FROM kombu_message WHERE id IN ("
+                " SELECT m.id FROM kombu_message m JOIN kombu_queue q ON q.id = m.queue_id"
+                " WHERE q.name = %s FOR UPDATE OF m SKIP LOCKED) RETURNING 1)"
+                " SELECT count(*) FROM gone",
+                [self.queue],
+            ).fetchone()
+        return int(row[0]) if row else 0
 
     def _cut_sql(self, pids: set[int]) -> int:
         import psycopg

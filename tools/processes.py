@@ -159,20 +159,22 @@ class Processes:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def stop(self, *names: str, timeout: float = 20.0) -> None:
+    def stop(self, *names: str, timeout: float = 20.0, warm: bool = False) -> None:
         """Stop the named processes (all when none is named): SIGTERM, then SIGKILL.
 
         A worker gets SIGQUIT (Celery's cold shutdown: running tasks are cut, as SIGTERM to its
         whole group would) on its main process only, which ends its pool processes itself. A pool
         process signalled directly can die holding the pool's queue lock, and then the main
         process never exits (billiard's threaded pool, which Celery uses without an event loop:
-        on kombu's SQL transport), so the stop lasted until its SIGKILL.
+        on kombu's SQL transport), so the stop lasted until its SIGKILL. With ``warm`` a worker
+        gets SIGTERM on its main process only (Celery's warm shutdown: the tasks it is running
+        finish, within ``timeout`` seconds, before the SIGKILL).
         """
         targets = list(names or self.processes)
         for name in targets:
             if self.alive(name):
                 if self.kinds.get(name) == "worker":
-                    os.kill(self.processes[name].pid, signal.SIGQUIT)
+                    os.kill(self.processes[name].pid, signal.SIGTERM if warm else signal.SIGQUIT)
                 else:
                     self.send(name, signal.SIGTERM)
                 self.send(name, signal.SIGCONT)  # a stopped process handles the signal once woken

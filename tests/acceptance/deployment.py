@@ -81,9 +81,9 @@ class Deployment(Processes):
         )
         self.env["CELERY_TASK_DEFAULT_QUEUE"] = self.queue
 
-    def stop(self, *names: str, timeout: float = 20.0) -> None:
+    def stop(self, *names: str, timeout: float = 20.0, warm: bool = False) -> None:
         """Stop the named processes; with no name, every process, then delete the queue."""
-        super().stop(*names, timeout=timeout)
+        super().stop(*names, timeout=timeout, warm=warm)
         if not names:
             delete_queue(self.queue)
 

@@ -12,17 +12,27 @@ of 10 s, so a message the broker lost is re-published within the settling time.
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 from django.conf import settings
 
 from tests.acceptance import deployment
+from tests.acceptance.deployment import wait_until
 from tools import chaos
 from tools.brokers import Broker
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
 
+# On every broker (.ci/run's RabbitMQ pass runs `broker` tests): the faults are the broker's too.
+# The tool bounds its own wait: at most 120 s to start, the 60 s window, settling until 74 s pass
+# without a run finishing (at most 740 s), two stops of 20 s; 1,000 s is a hang guard beyond it.
+# The suite's 300 s cut it while runs still finished: the SQL broker's two workers executed about
+# 5 runs/s at load 20 on two cores, against about 16 runs/s planted (and their re-publishes); at
+# load 36 one run took 519 s and passed.
+@pytest.mark.broker
+@pytest.mark.timeout(1000)
 def test_bounded_chaos_run_loses_and_doubles_nothing(tmp_path):
     started = time.monotonic()
     options = chaos.Options(
@@ -50,9 +60,16 @@ def test_bounded_chaos_run_loses_and_doubles_nothing(tmp_path):
     assert report.slots >= 600  # 32 tasks every 2 s and 4 every minute, for a minute
     # Executed once, on its first message or (a message lost, or a queue deeper than the 10 s
     # deadline: the SQL broker's two workers can fall behind on a busy machine) after a re-publish.
+    # How many is the machine's throughput, not a property of the product: the rest are closed
+    # "not delivered" after three re-publishes (docs/delivery.md, sizing the deadline), accounted
+    # for above. At load 28 on two cores the workers executed 476 of 1,047 slots, the other 571
+    # closed so. The floor only shows the workers ran through the faults.
     executed_once = report.outcomes["executed once"]
     executed_once += report.outcomes["executed once, after a re-publish"]
-    assert executed_once >= report.slots // 2
+    assert executed_once >= 100
+    assert executed_once + report.outcomes["failed: not delivered, executed 0x"] >= (
+        report.slots - 20
+    )
     assert sum(report.faults.values()) >= 10
     assert {kind.split()[0] for kind in report.faults} == {"replica", "worker", "broker"}
     # What the suite's broker can take: Redis all, the SQL broker no flush, RabbitMQ on a shared
@@ -65,3 +82,25 @@ def test_bounded_chaos_run_loses_and_doubles_nothing(tmp_path):
         broker.add("broker database flushed")
     assert broker <= {kind for kind, n in report.faults.items() if n}
     assert report.policies["fail"] and report.policies["recover"]
+
+
+def test_the_check_reads_the_log_after_the_workers_finished_what_they_run(deployment):
+    """``chaos.quiesce`` stops the workers warm before the check reads their log: a run being
+    executed then is in it (a 10-minute run on Redis counted 7 runs that a worker finished
+    between the check's read of the log and of the ledger as "succeeded, not in the log")."""
+    from project.celery import app
+
+    deployment.start_worker("worker", concurrency=1)
+    deployment.wait_ready(timeout=120)
+    task_id = str(uuid.uuid4())
+    app.send_task(
+        "project.tasks.record", kwargs={"label": "slow", "sleep": 3, "log_start": True},
+        queue=deployment.queue, task_id=task_id,
+    )
+    starts = wait_until(lambda: deployment.executions("start"), timeout=60)
+    assert [e["task_id"] for e in starts] == [task_id]
+
+    chaos.quiesce(deployment, [], ["worker"])
+
+    assert not deployment.alive("worker")
+    assert [e["task_id"] for e in deployment.executions()] == [task_id]

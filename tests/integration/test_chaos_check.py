@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -198,3 +200,33 @@ def test_the_table_lists_every_breach_kind_and_the_faults(planted):
     for kind in chaos.Report.BREACHES:
         assert f"  {kind}" in table
     assert "  broker connections cut" in table and "faults injected" in table
+
+
+def test_settling_waits_while_the_windows_runs_are_re_published(planted):
+    """A run re-published is progress: the settling waits through its re-publishes (one a second
+    here, against 4 s without progress) until it closes, instead of giving up at 4 s and
+    reporting it lost after dispatch (the bounded test on the SQL broker at load 30)."""
+    task, plant = planted
+    _run(task, plant.first_slot, "a", status="dispatched")
+    runs = Run.objects.filter(task_id="a")
+
+    def reconcile() -> None:
+        from django.db import connection
+
+        try:
+            for n in range(1, 6):
+                time.sleep(1.0)
+                runs.update(republished=n)
+            time.sleep(1.0)
+            runs.update(status="failed", reason=Run.Reason.NOT_DELIVERED)
+        finally:
+            connection.close()
+
+    passes = threading.Thread(target=reconcile)
+    passes.start()
+    try:
+        chaos.settle_window(IDENT, plant.first_slot, stall=4.0)
+        status = runs.get().status
+    finally:
+        passes.join()
+    assert (status, runs.get().republished) == ("failed", 5)
