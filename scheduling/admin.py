@@ -307,26 +307,26 @@ class PeriodicTaskAdmin(RecordsActorAdmin, preview.UpcomingRunsAdmin, BasePeriod
             return "No runs yet."
         rows = format_html_join(
             "",
-            '<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
+            '<tr><td>{}</td><td>{} · {}</td><td>{}</td><td>{}</td><td>{}</td>'
             '<td class="reason">{}</td>'
             "</tr>",
             (
                 (
                     _utc_ms(run.scheduled_for),
                     run.trigger,
+                    _version_link(run),
                     status_badge(run.status),
                     _seconds(run.lateness),
                     _cut(run.claimed_by),
-                    _version_link(run),
                     run.error or run.reason or "",
                 )
                 for run in runs
             ),
         )
         return format_html(
-            '<table class="recent-runs"><thead><tr><th>scheduled for (UTC)</th><th>trigger</th>'
-            "<th>status</th><th>lateness</th><th>replica</th><th>version</th>"
-            "<th>reason / error</th></tr></thead>"
+            '<table class="recent-runs"><thead><tr><th>scheduled for (UTC)</th>'
+            '<th title="the definition version that planned the run">trigger · version</th>'
+            "<th>status</th><th>lateness</th><th>replica</th><th>reason / error</th></tr></thead>"
             "<tbody>{}</tbody></table>",
             rows,
         )
