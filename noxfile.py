@@ -7,7 +7,7 @@
   lowest declared release (2.8) to its newest (2.9).
 
 Run one cell: ``.venv/bin/nox -s smoke-py313-django60-lowest`` (``./run test`` puts nox into .venv);
-every smoke cell: ``nox -t smoke`` (what ``.ci/run`` does); list them: ``nox -l``. Arguments after
+every smoke cell: ``nox -t smoke`` (``.ci/run`` runs the lowest-Celery one); list them: ``nox -l``. Arguments after
 ``--`` replace the cell's pytest arguments. Every cell installs the project with its ``test`` extra plus the cell's pins
 in one resolve, so pip's choice is checked against pyproject.toml's ranges.
 

@@ -80,7 +80,9 @@ def test_a_replica_frozen_mid_claim_is_bounded_by_the_server(tmp_path, make_task
     assert "idle-in-transaction timeout" in frozen_log  # the stale commit failed, and said why
     waits = sorted((r.dispatched_at - frozen_at).total_seconds() for r in runs)
     print(f"dispatched by the other replicas {waits} s after the freeze")
-    assert IDLE_TIMEOUT - 1.0 <= waits[0] and waits[-1] <= IDLE_TIMEOUT + 1.0
+    # The server's bound, then a rescuer's next tick and claim: up to 3 s more on a loaded machine
+    # (4.27 s seen at load 9); without the bound the runs would wait for the SIGCONT at 15 s.
+    assert IDLE_TIMEOUT - 1.0 <= waits[0] and waits[-1] <= IDLE_TIMEOUT + 3.0
     final = list(Run.objects.filter(periodic_task__in=tasks))
     assert len(final) == 3  # one run per task: nothing committed twice
     assert {r.claimed_by for r in final} <= set(rescuers)

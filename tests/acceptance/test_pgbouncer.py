@@ -207,7 +207,9 @@ def test_a_replica_frozen_mid_claim_through_pgbouncer_is_bounded_by_the_server(
     assert "database unavailable" in frozen_log.split("test pause: published", 1)[1]
     waits = sorted((r.dispatched_at - frozen_at).total_seconds() for r in runs)
     print(f"dispatched by the other replicas {waits} s after the freeze")
-    assert IDLE_TIMEOUT - 1.0 <= waits[0] and waits[-1] <= IDLE_TIMEOUT + 1.0
+    # The server's bound, then a rescuer's next tick and claim: up to 3 s more on a loaded machine
+    # (4.27 s seen at load 9); without the bound the runs would wait for the SIGCONT at 15 s.
+    assert IDLE_TIMEOUT - 1.0 <= waits[0] and waits[-1] <= IDLE_TIMEOUT + 3.0
     final = list(Run.objects.filter(periodic_task__in=tasks))
     assert len(final) == 3
     assert {r.claimed_by for r in final} <= set(rescuers)
