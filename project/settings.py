@@ -1,6 +1,8 @@
 """Settings for the example deployment, read from the environment.
 
-- ``DATABASE_URL``: PostgreSQL; unset means the embedded server (``project.embedded``).
+- ``DATABASE_URL``: PostgreSQL; unset means the embedded server (``project.embedded``). Several
+  servers (``postgresql://user@host1:5432,host2:5432/db?target_session_attrs=read-write``) for a
+  primary and its standbys: ``project.databases``.
 - ``DATABASE_DIRECT_URL``: the same database without a pooler, when ``DATABASE_URL`` goes through
   PgBouncer in transaction mode (``SCHEDULING_DIRECT_DATABASE``).
 - ``CELERY_BROKER_URL``: Redis or RabbitMQ; unset means kombu's SQL transport on the database.
@@ -13,9 +15,7 @@ from __future__ import annotations
 
 import os
 
-import dj_database_url
-
-from project import embedded
+from project import databases, embedded
 
 BASE_DIR = embedded.BASE_DIR
 
@@ -85,19 +85,24 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or embedded.embedded_database_url()
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+DATABASES = {"default": databases.parse(DATABASE_URL, conn_max_age=0)}
 # Behind PgBouncer in transaction mode: DATABASE_URL names the pooler, DATABASE_DIRECT_URL the
 # same database without it, for the scheduling app's session-level locks (its system check
 # scheduling.E003 says when this is missing). In tests the alias mirrors the test database.
 if os.environ.get("DATABASE_DIRECT_URL"):
-    DATABASES["direct"] = dj_database_url.parse(os.environ["DATABASE_DIRECT_URL"], conn_max_age=0)
+    DATABASES["direct"] = databases.parse(os.environ["DATABASE_DIRECT_URL"], conn_max_age=0)
     DATABASES["direct"]["TEST"] = {"MIRROR": "default"}
     SCHEDULING_DIRECT_DATABASE = "direct"
-# Client-side TCP keepalives (libpq; ignored on a Unix socket): a replica or worker cut off from
-# the database server notices within about 11 s instead of the system's two hours.
+# Client-side TCP keepalives and user timeout (libpq; ignored on a Unix socket), the same bounds
+# as the server side's (scheduling.ledger.session.Keepalives): a replica or worker cut off from
+# the database server silently notices within 5 + 3 x 2 = 11 s, whether it waits for a reply
+# (keepalives) or for its own statement to be acknowledged (tcp_user_timeout, milliseconds),
+# instead of the system's two hours or fifteen minutes; a connection attempt meanwhile gives
+# up after connect_timeout seconds. docs/outages.md, "Network partitions".
 for _database in DATABASES.values():
     _database.setdefault("OPTIONS", {}).update(
-        keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3
+        keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+        tcp_user_timeout=11_000, connect_timeout=10,
     )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

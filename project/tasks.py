@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import UTC
 
 from celery import shared_task
 from django.core.mail import send_mail
@@ -50,6 +51,19 @@ def record(
     return label
 
 
+def _database_clock() -> str | None:
+    """The database clock now (ISO 8601, UTC, microseconds), or None if it cannot be read."""
+    from django.db import Error, connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT clock_timestamp()")
+            (now,) = cursor.fetchone()
+    except Error:  # the database away (an outage test): the line is written all the same
+        return None
+    return now.astimezone(UTC).isoformat(timespec="microseconds")
+
+
 def _log(task, label: str, phase: str) -> None:
     path = os.environ.get("SCHEDULING_EXECUTION_LOG")
     if not path:
@@ -65,7 +79,13 @@ def _log(task, label: str, phase: str) -> None:
             "pid": os.getpid(),
             "pgid": os.getpgid(0),  # a worker's process group: its pool processes share it
             "at": time.time(),
+            "db_at": _database_clock(),  # for histories (tools.history): the database's clock
         }
     )
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(line + "\n")
+
+
+@shared_task
+def noop() -> None:
+    """Do nothing: the benchmark's measure of what the worker side costs a run (bench/guard_cost)."""

@@ -123,7 +123,11 @@ class Conf:
         "idle_in_transaction_session_timeout of the scheduler's session, in seconds: how long a "
         "frozen replica can hold its claim before the server ends its transaction."
     ))
-    tcp_keepalives_idle = Setting(5, int, "Server-side TCP keepalive idle time, seconds.")
+    tcp_keepalives_idle = Setting(5, int, (
+        "TCP keepalive idle time of the scheduler's and the guard's sessions, seconds; probes "
+        "every half of it, 3 of them, and tcp_user_timeout their sum: the keepalive bound "
+        "(ledger.session.Keepalives, docs/outages.md)."
+    ))
     worker_lost_after = Setting(60.0, float, (
         "Seconds a running run's execution lock must stay free (its worker died) before the "
         "reconcile pass acts on it by the worker-loss policy: closed as failed, 'worker lost', or "

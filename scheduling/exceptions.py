@@ -9,10 +9,12 @@
     └── PublishFailed      a publish failed for a reason not of the run's own (the broker)
 
 Database errors are not wrapped, and PublishFailed keeps the broker's error as its cause: both
-abort the claim transaction, which is the point.
+abort the claim transaction, which is the point. ``describe`` says an error in one line.
 """
 
 from __future__ import annotations
+
+from django.db import DatabaseError
 
 
 class SchedulingError(Exception):
@@ -44,3 +46,24 @@ class PublishFailed(SchedulingError):
 
     Raised from the claim so that the whole claim rolls back; the cause is the broker's error.
     """
+
+
+def describe(exc: BaseException) -> str:
+    """Return ``exc``'s message on one line, with the database error it came after, if any.
+
+    The replica's one outage line uses it (``schedulers.LedgerScheduler``).
+
+    A COMMIT that fails on a lost connection (a replica cut off from the server, after
+    ``tcp_user_timeout``) is replaced by the error of Django's reconnect in ``atomic``'s
+    ``finally`` (``set_autocommit``), which a cut-off replica gets after ``connect_timeout``:
+    "connection timeout expired (after: consuming input failed: could not receive data from
+    server: Connection timed out)" says both.
+    """
+    error = " ".join(str(exc).split()) or type(exc).__name__
+    earlier = exc.__context__
+    while earlier is not None:
+        first = " ".join(str(earlier).split())
+        if isinstance(earlier, DatabaseError) and first and first != error:
+            return f"{error} (after: {first})"
+        earlier = earlier.__context__
+    return error

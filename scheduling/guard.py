@@ -28,7 +28,8 @@ For a delivery carrying the ``scheduling_run`` header (every run the scheduler p
 
 Deliveries without the header (tasks not sent by the scheduler) cost one dictionary lookup.
 When the database cannot be reached, the guard waits ``RETRY_DELAY`` seconds and raises
-``Reject(requeue=True)``: the message goes back to the broker and nothing runs unguarded.
+``Reject(requeue=True)``: the message goes back to the broker and nothing runs unguarded. The
+process logs the outage once and the return once (``scheduling.reach``), each naming the server.
 """
 
 from __future__ import annotations
@@ -38,15 +39,18 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from celery.exceptions import Ignore, Reject
 
 logger = logging.getLogger(__name__)
 
-#: Header every scheduled run carries (``scheduling.messages.HEADER_RUN``; not imported here so
+#: Headers every scheduled run carries (``scheduling.messages``' names; not imported here so
 #: that this module loads before Django is set up, when Celery resolves the annotation).
 HEADER_RUN = "scheduling_run"
+HEADER_TASK_NAME = "periodic_task_name"
+HEADER_SCHEDULED_FOR = "scheduled_for"
 #: Attribute set on a guarded ``before_start``, so the worker signals know the guard is installed.
 GUARD_MARK = "_scheduling_guard"
 #: Attribute of the task request naming the execution lock to release at ``task_postrun``.
@@ -96,11 +100,13 @@ def guard(request: Any, task_id: str) -> None:
 
     from scheduling import ledger
     from scheduling.models import Run
+    from scheduling.reach import database
 
     retries = int(request.get("retries") or 0)
     delivery = request.get("delivery_info") or {}
     redelivered = bool(delivery.get("redelivered"))
     key = Attempt(task_id, retries)
+    slot = _slot(request)
     try:
         exclusive = liveness.try_lock(key)
         try:
@@ -110,18 +116,30 @@ def guard(request: Any, task_id: str) -> None:
                 retries=retries,
                 redelivered=redelivered,
                 exclusive=exclusive,
+                slot=slot,
             )
         except BaseException:
             if exclusive:
                 liveness.unlock(key)
             raise
     except (DatabaseError, InterfaceError, OSError, *liveness.errors) as exc:
-        logger.error(
+        database.lost(exc)  # one ERROR per outage; each message's line below at info
+        logger.info(
             "run %s: cannot reach the ledger (%s); message requeued in %.0fs",
             task_id, exc, RETRY_DELAY, extra={"action": "guard_requeue"},
         )
         time.sleep(RETRY_DELAY)
         raise Reject(f"ledger unreachable: {exc}", requeue=True) from exc
+    database.reached()
+    if decision.requeue:
+        if exclusive:
+            liveness.unlock(key)
+        logger.info(
+            "run %s: %s; message requeued in %.0fs", task_id, decision.reason, RETRY_DELAY,
+            extra={"action": "guard_requeue"},
+        )
+        time.sleep(RETRY_DELAY)
+        raise Reject(f"run not in the ledger yet: {task_id}", requeue=True)
     if decision.execute:
         if not decision.tracked:
             liveness.unlock(key)
@@ -146,6 +164,18 @@ def guard(request: Any, task_id: str) -> None:
     raise Ignore(f"duplicate delivery of run {task_id}: {decision.reason}")
 
 
+def _slot(request: Any) -> tuple[str, datetime] | None:
+    """The periodic task name and slot (aware UTC) a scheduler message names, if readable."""
+    name, stamp = request.get(HEADER_TASK_NAME), request.get(HEADER_SCHEDULED_FOR)
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except (TypeError, ValueError):
+        return None
+    if not name or moment.tzinfo is None:
+        return None
+    return str(name), moment
+
+
 class Attempt(NamedTuple):
     """One attempt of a run: its execution lock is ``scheduling_execution_lock_key(*attempt)``."""
 
@@ -162,8 +192,10 @@ class _Liveness:
     ``SCHEDULING_DIRECT_DATABASE``: a pooler by transaction would leave a lock on a server session
     this process may not be lent again, where the next client holds it too. A session found to go
     through a pooler is used all the same (a pooler by session keeps the locks) and reported
-    (``pooler.report_pooled_locks``; system check scheduling.E003). Server-side TCP keepalives
-    let the server notice a vanished host (``SCHEDULING_TCP_KEEPALIVES_IDLE``).
+    (``pooler.report_pooled_locks``; system check scheduling.E003). TCP keepalives and user
+    timeouts on both ends (``ledger.session.Keepalives``, from ``SCHEDULING_TCP_KEEPALIVES_IDLE``)
+    let the server free the locks of a host cut off silently, and this process notice it, within
+    the keepalive bound (11 s by default).
     """
 
     def __init__(self) -> None:
@@ -183,19 +215,20 @@ class _Liveness:
 
         from scheduling.conf import conf
         from scheduling.ledger import pooler
+        from scheduling.ledger.session import keepalives
         from scheduling.sql import queries
 
         alias = conf.direct_database
         params = connections[alias].get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
-        idle = conf.tcp_keepalives_idle
-        params.update(keepalives=1, keepalives_idle=idle, application_name="scheduling-guard")
+        bounds = keepalives()
+        params.update(bounds.client_parameters(), application_name="scheduling-guard")
         conn = psycopg.connect(**params, autocommit=True)
         if pooler.behind_pooler(conn):  # no session setting: it would reach the next client
             pooler.report_pooled_locks(alias, "the worker guard's execution locks")
         else:
-            conn.execute(queries["guard_keepalives"], [str(idle), str(max(1, idle // 2))])
+            conn.execute(queries["guard_keepalives"], bounds.server_settings())
         self._conn, self._pid = conn, os.getpid()
         self._held = set()  # locks of a session lost with its connection are gone
         return conn

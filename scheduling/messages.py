@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django_celery_beat.models import PeriodicTask
@@ -31,12 +31,17 @@ class Message:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def build_message(run: Any, task: PeriodicTask) -> Message:
+def build_message(run: Any, task: PeriodicTask, now: datetime | None = None) -> Message:
     """Return the message for ``run`` of ``task`` (a ``scheduling.models.Run``).
 
     The options carry the run's deterministic ``task_id`` and the headers ``periodic_task_name``,
     ``scheduled_for`` (ISO 8601, UTC) and ``scheduling_run`` (the run's id), plus the task's queue,
     exchange, routing key, priority and message expiry as django-celery-beat sends them.
+
+    ``now`` is the database clock at the publish (aware): the task's ``expire_seconds`` then
+    becomes the instant ``now + expire_seconds``. Celery would count the seconds from the
+    publishing process's own clock, so a replica an hour behind would send messages that expired
+    an hour ago. Without ``now`` the seconds are passed on as they are.
 
     Raises RunRejected when args, kwargs or headers are not valid JSON of the right shape.
     """
@@ -56,7 +61,9 @@ def build_message(run: Any, task: PeriodicTask) -> Message:
         if value is not None and value != "":
             options[option] = value
     if task.expire_seconds is not None:
-        options["expires"] = task.expire_seconds
+        options["expires"] = (
+            task.expire_seconds if now is None else now + timedelta(seconds=task.expire_seconds)
+        )
     elif task.expires is not None:
         options["expires"] = task.expires
     return Message(name=task.task, args=args, kwargs=kwargs, options=options)

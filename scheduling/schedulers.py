@@ -10,7 +10,6 @@ re-plans (``ledger.reconcile``). No SQL here, and no periodic task is held in me
 from __future__ import annotations
 
 import logging
-import random
 import signal
 import threading
 import time
@@ -35,8 +34,9 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.utils.json import dumps
 
 from scheduling import ledger, metrics, signals
+from scheduling.backoff import retry_delay
 from scheduling.conf import conf
-from scheduling.exceptions import PublishFailed, RunRejected
+from scheduling.exceptions import PublishFailed, RunRejected, describe
 from scheduling.messages import Message
 from scheduling.models import Run
 from scheduling.overdue import OverdueWatch
@@ -47,7 +47,6 @@ logger = logging.getLogger(__name__)
 
 _UNSEEN = object()
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
-_BACKOFF_BASE = 0.5
 #: Statuses of the runs a claim ended without dispatching them (announced as run_finished).
 _ENDED = frozenset({Run.Status.MISSED, Run.Status.SKIPPED, Run.Status.FAILED})
 #: Seconds a replica waits for another replica's reconcile turn before it takes the holder to be
@@ -79,6 +78,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._turn_awaited_since: float | None = None
         self._failures = 0
         self._failing = ""
+        self._database_address = ""  # host:port of the last server a tick reached
         self.heartbeat = Heartbeat(self.replica_id)
         self._prune = BuiltinPrune()
         self._overdue = OverdueWatch(self.replica_id)
@@ -144,6 +144,7 @@ class LedgerScheduler(DatabaseScheduler):
         # A tick that never reached the broker (nothing due, or every due run locked by another
         # replica) proves nothing about it: the broker is back only once a claim's publishes
         # succeeded, which ``_tick`` reports before a deferred stop signal can cut it short.
+        self._database_address = ledger.server_address() or self._database_address
         if self._failures and self._failing != "broker":
             self._recovered()
         self._overdue.step()  # missed-run alerts, outside any claim; never raises
@@ -341,18 +342,29 @@ class LedgerScheduler(DatabaseScheduler):
             raise
 
     def _recovered(self) -> None:
-        """Log the end of an outage once, when the database or broker answered again."""
+        """Log the end of an outage once, when the database or broker answered again.
+
+        The database's line names the server reached (``host:port``): after a failover, the
+        promoted standby.
+        """
+        where = f", at {self._database_address}" if self._failing == "database" else ""
         logger.warning(
-            "%s reachable again after %d failed ticks", self._failing, self._failures,
+            "%s reachable again after %d failed ticks%s", self._failing, self._failures, where,
             extra={"action": "recovered", "replica": self.replica_id},
         )
         self._failures = 0
 
     def _failed(self, what: str, exc: Exception) -> float:
-        """Log the first failure of an outage (not every tick) and return a capped backoff."""
+        """Log the first failure of an outage (not every tick) and return a capped backoff.
+
+        The database's first line names the server the replica was on (``host:port``).
+        """
         self._failures += 1
-        error = " ".join(str(exc).split()) or type(exc).__name__  # one line
+        error = describe(exc)
         if self._failures == 1 or what != self._failing:
+            if what == "database":
+                where = ledger.server_address() or self._database_address
+                error += f" (connected to {where or 'no server yet'})"
             logger.error(
                 "%s unavailable, retrying with backoff: %s", what, error,
                 extra={"action": f"{what}_down", "replica": self.replica_id},
@@ -391,20 +403,6 @@ class _Unbuffered:
 
     def flush(self) -> None:
         """Nothing is held back: every publish was sent when it was made."""
-
-
-def retry_delay(
-    failures: int, cap: float, draw: Callable[[], float] = random.random
-) -> float:
-    """Return the seconds to wait after the ``failures``-th failed tick in a row (1, 2, ...).
-
-    The bound doubles from 0.5 s per failure up to ``cap`` seconds
-    (``SCHEDULING_RETRY_BACKOFF_MAX``); the wait is drawn uniformly from its upper half
-    (``draw()`` in [0, 1)), so replicas that failed together do not retry in step, and none
-    waits less than half the bound: [0.25, 0.5), [0.5, 1), [1, 2), ... then [cap/2, cap).
-    """
-    bound = min(cap, _BACKOFF_BASE * 2 ** min(failures - 1, 30))
-    return bound * (0.5 + draw() / 2)
 
 
 def broker_timeout_options(driver_type: str, timeout: float) -> dict[str, Any]:

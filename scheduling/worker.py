@@ -22,6 +22,7 @@ Tasks not sent by the scheduler (no ``scheduling_run`` header) return at the fir
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,30 +30,56 @@ from celery import signals
 from django.db import InterfaceError, OperationalError, connection
 
 from scheduling import guard, ledger
+from scheduling.backoff import retry_delay
+from scheduling.conf import conf
 from scheduling.messages import HEADER_RUN
 from scheduling.models import Run
+from scheduling.reach import database
 from scheduling.signals import announce_finished
 
 logger = logging.getLogger(__name__)
 
 
-def record(write: Callable[..., bool], *args: Any, **kwargs: Any) -> bool:
-    """Run one ledger write; on a dropped connection reconnect and try once more.
+def record(
+    write: Callable[..., bool], *args: Any, patience: float | None = None, **kwargs: Any
+) -> bool:
+    """Run one ledger write; while the connection fails, reconnect and retry, bounded.
 
-    Celery swallows exceptions from signal handlers, so a write lost to a terminated connection
-    would leave the run stuck; the retry covers that, and a second failure is logged loudly.
+    Celery swallows exceptions from signal handlers, so a write lost to a terminated connection,
+    a database outage or a network partition would leave the run stuck (``running``, then closed
+    "worker lost" by the replicas although it finished). The first retry is at once (a
+    connection the server terminated); then with the replicas' doubling backoff
+    (``backoff.retry_delay``, capped at ``SCHEDULING_RETRY_BACKOFF_MAX``) until ``patience``
+    seconds have passed, by default ``SCHEDULING_WORKER_LOST_AFTER`` (the time the lost-worker
+    sweep leaves a run whose execution lock is free), so a worker cut off or failed over for less
+    than that records its outcome when the database is back. Each reconnection tries every server
+    of the settings (after a failover, the promoted standby); each attempt on a cut-off network
+    ends within the connection's bounds (``tcp_user_timeout``, ``connect_timeout``:
+    docs/outages.md, "Network partitions"). The worker holds the message meanwhile
+    (``acks_late``). The outage is logged once each way (``scheduling.reach``); a write given up is
+    logged with its traceback. Returns ``write``'s result, False when given up.
     """
-    for attempt in (1, 2):
+    deadline = time.monotonic() + (conf.worker_lost_after if patience is None else patience)
+    failures = 0
+    while True:
         try:
-            return write(*args, **kwargs)
-        except (OperationalError, InterfaceError):
+            done = write(*args, **kwargs)
+        except (OperationalError, InterfaceError) as exc:
             connection.close()
-            if attempt == 2:
+            failures += 1
+            if failures > 1:
+                database.lost(exc)
+            wait = 0.0 if failures == 1 else retry_delay(failures - 1, conf.retry_backoff_max)
+            if time.monotonic() + wait > deadline:
                 logger.exception(
                     "cannot record %s for run %s", write.__name__, args[0] if args else "?",
                     extra={"action": "record_failed"},
                 )
-    return False
+                return False
+            time.sleep(wait)
+            continue
+        database.reached()
+        return done
 
 
 def _is_scheduled(task: Any) -> bool:

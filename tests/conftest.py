@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,6 +16,8 @@ from django_celery_beat.models import (
     IntervalSchedule,
     PeriodicTask,
 )
+
+from tests.needs import missing
 
 _names = itertools.count()
 
@@ -119,10 +120,7 @@ def start_pgbouncer(pgbouncer_upstream) -> Iterator[Any]:
     from tests.pgbouncer import PgBouncer, binary
 
     if binary() is None:
-        reason = "pgbouncer is missing: install Debian's pgbouncer (apt-get install -y pgbouncer)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        missing("pgbouncer is missing: install Debian's pgbouncer (apt-get install -y pgbouncer)")
     started: list[PgBouncer] = []
 
     def start(**options: Any) -> PgBouncer:

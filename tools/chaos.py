@@ -25,11 +25,14 @@ queue of its own, and:
    task from its first slot to the end of the window (``check``): each slot either executed once
    (the worker's log, not the ledger), or is recorded with its reason (a coalesced misfire,
    missed, skipped, cancelled, expired, or failed with a reason such as "not delivered");
-5. prints the summary table, deletes its tasks and their runs, and exits 1 on any breach:
-   a duplicate execution or slot row, an unaccounted or off-schedule slot, a run still pending,
-   running or retrying, a run still dispatched (lost after dispatch), "worker lost" on a run
-   whose body never started or of a ``recover`` task with re-publishes left, an execution of no
-   run, or a closed run without its reason.
+5. writes the run's history (every event of every run with the database clock, witnessed by a
+   trigger the tool installs on the ledger for its own tasks: ``tools.capture``; ``--history``)
+   and checks it with the history checker (``tools.history``);
+6. prints the summary table, deletes its tasks and their runs, and exits 1 on any breach of
+   either checker: a duplicate execution or slot row, an unaccounted or off-schedule slot, a run
+   still pending, running or retrying, a run still dispatched (lost after dispatch), "worker
+   lost" on a run whose body never started or of a ``recover`` task with re-publishes left, an
+   execution of no run, a closed run without its reason, or a history breach.
 
 The example project reads ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT``, ``SCHEDULING_RECONCILE_
 INTERVAL``, ``SCHEDULING_WORKER_LOST_AFTER`` and ``SCHEDULING_DELIVERY_TIMEOUT`` from the
@@ -59,6 +62,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tools.brokers import Broker
+    from tools.capture import Capture
+    from tools.history import Verdict
     from tools.processes import Processes
 
 #: Bounds the tool gives its replicas unless the environment sets them (seconds).
@@ -98,6 +103,9 @@ class Options:
     broker_faults: bool = True
     #: The AMQP URL's vhost is the chaos run's own: a connection cut may close all its connections.
     own_vhost: bool = False
+    #: Where the history goes (JSON lines, ``tools.history``); None: ``history.jsonl`` beside the
+    #: processes' logs.
+    history: Path | None = None
 
 
 @dataclass
@@ -111,6 +119,9 @@ class Report:
     faults: Counter[str] = field(default_factory=Counter)
     policies: Counter[str] = field(default_factory=Counter)  # tasks by worker-loss policy
     slots: int = 0
+    #: The history checker's verdict on the run's history (``tools.history``), once checked.
+    history: Verdict | None = None
+    history_path: Path | None = None
 
     BREACHES = (
         "duplicate executions",
@@ -136,7 +147,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not any(self.breaches.values())
+        return not any(self.breaches.values()) and (self.history is None or self.history.ok)
 
     def breach(self, kind: str, example: str) -> None:
         self.breaches[kind] += 1
@@ -163,6 +174,9 @@ class Report:
                 f"mean {statistics.fmean(late):.3f} s"
             )
         lines += self.examples
+        if self.history is not None:
+            lines.append(f"history {self.history_path}:")
+            lines.append(self.history.summary())
         lines.append("result: " + ("PASS" if self.ok else "FAIL"))
         return "\n".join(lines)
 
@@ -181,6 +195,7 @@ class Planted:
 def run(options: Options, say: Callable[[str], None] = print) -> Report:
     """Run the chaos (Django must be set up); return the report. Children get ``options.env``."""
     from scheduling import ledger
+    from tools.capture import Capture
     from tools.processes import Processes
 
     rng = random.Random(options.seed)
@@ -199,11 +214,13 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
     workers = [f"{ident}-worker-{n}" for n in range(1, options.workers + 1)]
     planted: list[Planted] = []
     report = Report()
+    capture = Capture(ident)
+    capture.install()
     try:
         for name in replicas:
             procs.start_beat(name)
-        for name in workers:
-            procs.start_worker(name, concurrency=options.concurrency)
+        for name in workers:  # the session's application_name names the worker in the history
+            procs.start_worker(name, concurrency=options.concurrency, PGAPPNAME=name)
         procs.wait_ready(timeout=120)
         planted = _plant(ident, options, rng)
         report.policies.update(p.policy for p in planted)
@@ -230,11 +247,16 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
             starts=procs.executions("start"), republish_limit=_republish_limit(env),
             kills=faults.kills,
         )
+        report.history_path = options.history or procs.workdir / "history.jsonl"
+        report.history = write_history(report.history_path, capture, procs, faults.killed, end)
+        say(f"{ident}: history of {sum(report.history.events.values())} events in "
+            f"{report.history_path}")
         if report.breaches["stuck runs"] or report.breaches["runs lost after dispatch"]:
             for line in _whereabouts(ident, end, procs, env):
                 say(line)
     finally:
         procs.stop()
+        capture.remove()
         if not options.keep:
             _clean(ident, runs=report.ok)
             say(f"{ident}: {_drain(ident, options, env)}")
@@ -243,6 +265,36 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
         if not report.ok:
             say(f"{ident}: logs kept in {procs.workdir}; runs kept in the ledger")
     return report
+
+
+def write_history(
+    path: Path, capture: Capture, procs: Processes, killed: list[dict[str, object]],
+    end: datetime,
+) -> Verdict:
+    """Write the run's history to ``path`` and check it (``tools.history``).
+
+    The events: the ledger's changes witnessed by ``capture`` (``tools.capture.Capture``), one
+    ``executed`` event per line of the workers' execution log that ends a body (its ``db_at``,
+    the database clock the task read as it wrote the line), and ``killed`` (the workers the
+    tool SIGKILLed, each with its process group and the database clock once it was dead), and
+    ``window`` (``end``, aware UTC: the runs of later slots were still being dispatched when the
+    tool stopped its processes).
+    """
+    from tools import capture as witness
+    from tools import history
+
+    records = list(witness.events(capture.changes()))
+    records += [
+        {"kind": "executed", "at": line.get("db_at"), "process": f"process group {line.get('pgid')}",
+         "task_id": line.get("task_id"), "pgid": line.get("pgid"), "pid": line.get("pid"),
+         "task": line.get("periodic_task_name"), "slot": line.get("scheduled_for")}
+        for line in procs.executions()
+    ]
+    records += killed
+    records.append({"kind": "window", "at": history.instant(end), "process": "chaos",
+                    "until": history.instant(end)})
+    witness.write(path, records)
+    return history.check(records)
 
 
 def _drain(ident: str, options: Options, env: dict[str, str]) -> str:
@@ -348,7 +400,8 @@ class Faults:
         self.idle = idle_timeout
         self.counts: Counter[str] = Counter()
         self.killed_groups: set[int] = set()  # process groups of the workers SIGKILLed
-        self.kills: list[tuple[str, datetime]] = []  # (worker, database time just before)
+        self.kills: list[tuple[str, datetime]] = []  # (worker, database time once it was dead)
+        self.killed: list[dict[str, object]] = []  # the same as history events (tools.history)
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.busy: set[str] = set()  # dead or paused, with an undo timer pending
         self.spared = replicas[0]  # one replica is always left running
@@ -423,11 +476,10 @@ class Faults:
         self.note(f"{kind}: {victim}")
         if "SIGKILL" in kind:
             if kind.startswith("worker"):
-                from scheduling.ledger import database_now
-
                 self.killed_groups.add(self.procs.processes[victim].pid)
-                self.kills.append((victim, database_now()))
             self.procs.kill(victim)
+            if kind.startswith("worker"):
+                self._note_killed(victim)
             self._hold(victim, self.rng.uniform(0.5, 3.0), self.procs.restart)
         elif "SIGSTOP" in kind:
             if kind.startswith("worker"):
@@ -444,6 +496,19 @@ class Faults:
         elif not self._terminate(victim):
             return
         self.counts[kind] += 1
+
+    def _note_killed(self, worker: str) -> None:
+        """The history's ``killed`` event of ``worker``, dead now: the database clock after the
+        kill, so that every line its bodies wrote is before it (``tools.history``)."""
+        from scheduling.ledger import database_now
+        from tools.history import instant
+
+        dead = database_now()
+        self.kills.append((worker, dead))
+        self.killed.append({
+            "kind": "killed", "at": instant(dead), "process": worker,
+            "pgid": self.procs.processes[worker].pid,
+        })
 
     def _broker_fault(self, kind: str, victim: str) -> bool:
         """Inject broker fault ``kind`` (on ``victim``'s connections for a cut); True if done."""
@@ -604,8 +669,10 @@ def check(
     (``SCHEDULING_REPUBLISH_LIMIT``) is a breach.
 
     The one exception: a ``fail`` run the guard had started (``started_at``) whose worker was
-    SIGKILLed (``kills``: worker name and database time of each kill) within ``BODY_GAP`` after,
-    before the body's first line was written. The guard's start is the last step before the
+    SIGKILLed (``kills``: worker name and the database time read once it was dead) within
+    ``BODY_GAP`` after, before the body's first line was written. The time is read after the
+    kill, not before: a start between a reading before and the signal (0.2 s apart at load 15,
+    seen in a 30-minute RabbitMQ run) would otherwise look like a start after the kill. The guard's start is the last step before the
     body (Celery calls the body right after ``before_start``), so a death in between cannot be
     told from a death in the body's first statements by anything but the task's own log, and the
     product treats it as lost mid-body; it is counted as its own outcome, not a breach.
@@ -793,6 +860,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the tasks and runs")
     parser.add_argument("--no-broker-faults", action="store_true",
                         help="no queue purge, connection cut or Redis database flush")
+    parser.add_argument("--history", type=Path, default=None,
+                        help="write the run's history (JSON lines) here; default: history.jsonl "
+                        "beside the logs, removed with them when the run passes")
     parser.add_argument("--own-vhost", action="store_true",
                         help="the AMQP URL's vhost is this run's own: a connection cut may close "
                         "every connection on it (rabbitmqctl close_all_connections)")
@@ -809,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=seconds, replicas=args.replicas, workers=args.workers, tasks=args.tasks,
         every=args.every, seed=seed, concurrency=args.concurrency, fault_every=args.fault_every,
         settle=args.settle, app=args.app, task=args.task, workdir=args.workdir, keep=args.keep,
-        broker_faults=not args.no_broker_faults, own_vhost=args.own_vhost,
+        broker_faults=not args.no_broker_faults, own_vhost=args.own_vhost, history=args.history,
     )
     report = run(options, say=lambda line: print(line, flush=True))
     print(report.table(), flush=True)

@@ -57,6 +57,10 @@ class Processes:
         self.kinds: dict[str, str] = {}
         self._args: dict[str, tuple[list[str], dict[str, str]]] = {}
         self.paused: set[str] = set()
+        #: A command prefix per process name, set before it starts: ``["ip", "netns", "exec",
+        #: NAME]`` runs it in a network namespace (the prefix must exec the command, so the
+        #: process id stays the command's).
+        self.prefixes: dict[str, list[str]] = {}
 
     def log_path(self, name: str) -> Path:
         return self.workdir / f"{name}.log"
@@ -65,7 +69,7 @@ class Processes:
         self._args[name] = (args, env)
         with open(self.log_path(name), "ab") as handle:
             process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", self.app, *args],
+                [*self.prefixes.get(name, ()), sys.executable, "-m", "celery", "-A", self.app, *args],
                 cwd=self.cwd,
                 env={**self.env, **env},
                 stdin=subprocess.DEVNULL,

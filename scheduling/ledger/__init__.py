@@ -55,6 +55,7 @@ from scheduling.ledger.session import (
     poll,
     ready_for_stop,
     reconcile_turn,
+    server_address,
 )
 
 __all__ = [
@@ -107,5 +108,6 @@ __all__ = [
     "request_run",
     "resume",
     "run_now_refusal",
+    "server_address",
     "set_actor",
 ]

@@ -373,7 +373,7 @@ def _dispatch_one(
         close(run, Run.Status.SKIPPED, item.overlap, now)
         return nxt, over
     try:
-        message = build_message(run, task)
+        message = build_message(run, task, now)
         try:
             publish(message)
         except RunRejected:

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Case, F, IntegerField, TextField, Value, When
+from django.db.models import Case, F, IntegerField, OuterRef, Subquery, TextField, Value, When
+from django_celery_beat.models import PeriodicTask
 
 from scheduling import slots
 from scheduling.clock import ClockTimestamp, database_now
 from scheduling.conf import conf
 from scheduling.exceptions import ScheduleError
 from scheduling.ledger.changes import note_unplanned
-from scheduling.ledger.planning import SCHEDULE_RELATED
-from scheduling.ledger.policy import worker_lost_policy
+from scheduling.ledger.planning import TASK_RELATED
 from scheduling.ledger.writes import ERROR_LIMIT, TaskUpdate, insert_pending, update_tasks
 from scheduling.models import Run, TaskPolicy
 
@@ -35,14 +36,7 @@ def record_started(task_id: str, worker: str, using: str = "default") -> bool:
     pending after that is adopted (``_start``).
     """
     with transaction.atomic(using=using):
-        run = (
-            Run.objects.using(using)
-            .live()
-            .filter(task_id=task_id)
-            .select_related(*SCHEDULE_RELATED, "periodic_task__scheduling_policy")
-            .select_for_update(of=("self",))
-            .first()
-        )
+        run = Run.objects.using(using).live().filter(task_id=task_id).select_for_update().first()
         if run is None:
             return False
         _start(run, {"worker": worker[:255]}, using)
@@ -74,8 +68,13 @@ def _plan_after_adoption(run: Run, using: str) -> None:
         "adopted run %s of %r: published by a replica that did not commit its claim",
         run.task_id, run.periodic_task_name, extra={"action": "adopt"},
     )
-    task = run.periodic_task
-    if task is None or run.trigger != Run.Trigger.SCHEDULE:
+    if run.periodic_task_id is None or run.trigger != Run.Trigger.SCHEDULE:
+        return
+    task = (
+        PeriodicTask.objects.using(using).select_related(*TASK_RELATED)
+        .filter(pk=run.periodic_task_id).first()
+    )
+    if task is None:
         return
     update = TaskUpdate()
     update.ran(run.scheduled_for)
@@ -94,18 +93,35 @@ def _plan_after_adoption(run: Run, using: str) -> None:
     update_tasks({task.pk: update}, using)
 
 
+#: The worker-loss policy of a run's task (its policy row's; NULL without one, or "" when the
+#: row leaves it to the setting). A subquery, not a join: the guard's statement runs once per
+#: delivery, unprepared, and its eight-table join of the task and its schedules (needed only to
+#: adopt a run) took 10 to 80 ms to plan for 1 ms of execution (bench/guard_cost.py).
+_WORKER_LOST = Subquery(
+    TaskPolicy.objects.filter(periodic_task_id=OuterRef("periodic_task_id"))
+    .values("worker_lost_policy")[:1]
+)
+
+
 @dataclass(frozen=True)
 class Execution:
     """The guard's decision for one delivery: run the task body or drop the delivery.
 
     ``tracked`` is False when no run has this task id (the body runs, nothing is recorded).
-    ``reason`` says why (logged, and kept on the run for re-executions).
+    ``requeue`` is True when the delivery should go back to the broker and come again (its run
+    is not in the ledger yet: ``_not_planned_yet``). ``reason`` says why (logged, and kept on the
+    run for re-executions).
     """
 
     execute: bool
     tracked: bool
     reason: str
     run_id: int | None = None
+    requeue: bool = False
+
+
+#: A scheduled run's slot, as its message names it: (periodic task name, aware UTC slot).
+Slot = tuple[str, datetime]
 
 
 def begin_execution(
@@ -115,6 +131,7 @@ def begin_execution(
     retries: int,
     redelivered: bool,
     exclusive: bool,
+    slot: Slot | None = None,
     using: str = "default",
 ) -> Execution:
     """Decide, in one transaction on the run row, whether this delivery of ``task_id`` executes.
@@ -136,7 +153,10 @@ def begin_execution(
     - failed "not delivered" with no execution (the deadline closed it, then its message arrived
       after all): executes, nothing of it ran;
     - succeeded, failed, expired, skipped, missed, cancelled: dropped (finished). A redelivery
-      of a run closed "worker lost" is noted in its error.
+      of a run closed "worker lost" is noted in its error;
+    - no run: requeued when ``slot`` (the message's periodic task name and slot) is a scheduled
+      slot the ledger has not reached yet (``_not_planned_yet``: a ledger behind its messages,
+      after an asynchronous failover); otherwise executed untracked.
 
     Without ``exclusive`` nothing executes: a live process holds this attempt's lock. An executing
     delivery sets running, ``started_at``, ``worker``, ``retries`` and adds one to ``executions``;
@@ -146,9 +166,8 @@ def begin_execution(
         run = (
             Run.objects.using(using)
             .filter(task_id=task_id)
-            .select_related(*SCHEDULE_RELATED, "periodic_task__scheduling_policy")
-            .annotate(db_now=ClockTimestamp())
-            .select_for_update(of=("self",))
+            .annotate(worker_lost=_WORKER_LOST)
+            .select_for_update()
             # A live run first; a cancelled one only when no other has this task id.
             .order_by(
                 Case(
@@ -161,8 +180,10 @@ def begin_execution(
             .first()
         )
         if run is None:
+            if slot is not None and _not_planned_yet(task_id, slot, using):
+                return Execution(False, False, _NOT_PLANNED_YET, requeue=True)
             return Execution(True, False, "no run has this task id")
-        recover = worker_lost_policy(run.periodic_task, conf.worker_lost_policy)
+        recover = run.worker_lost or conf.worker_lost_policy  # type: ignore[attr-defined]
         reason = _execution_verdict(run, retries, redelivered, exclusive, recover)
         if reason is None:
             dropped: dict[str, object] = {"suppressed": F("suppressed") + 1}
@@ -190,6 +211,33 @@ def begin_execution(
             fields.update(reason=reason, error="", finished_at=None)
         _start(run, fields, using)
     return Execution(True, True, reason, run.pk)
+
+
+_NOT_PLANNED_YET = (
+    "its slot is past the task's latest run: the ledger is behind its messages (a failover lost "
+    "its tail?) until a replica plans the slot again"
+)
+
+
+def _not_planned_yet(task_id: str, slot: Slot, using: str) -> bool:
+    """Whether ``task_id`` is the run of a scheduled slot the ledger has not reached yet.
+
+    After a failover with asynchronous replication the promoted standby may lack the last runs
+    of the old primary, whose messages are in the broker. The replicas plan those slots again
+    (from the task's latest run, slot by slot, with the same deterministic task ids), and a
+    delivery that waits for that is run once, by the guard's usual rule; one that ran now,
+    untracked, would run again once the slot is dispatched. True when the periodic task named in
+    the message exists and is enabled, ``task_id`` is its slot's scheduled-run id
+    (``slots.task_id_for``: not a manual run or a backfill), and no scheduled run of the task is
+    at or after the slot. Two indexed reads, only for a delivery without a run.
+    """
+    name, scheduled_for = slot
+    task = PeriodicTask.objects.using(using).filter(name=name, enabled=True).only("pk").first()
+    if task is None or slots.task_id_for(task.pk, scheduled_for) != task_id:
+        return False
+    return not Run.objects.using(using).filter(
+        periodic_task_id=task.pk, trigger=Run.Trigger.SCHEDULE, scheduled_for__gte=scheduled_for
+    ).exists()
 
 
 #: Error of a run closed by the guard: its worker died and the broker redelivered it (policy fail).

@@ -200,14 +200,3 @@ def overlap(
         )
         return ""
     return Run.Reason.overlap(busy_since)
-
-
-def worker_lost_policy(task: PeriodicTask | None, default: str) -> str:
-    """The task's worker-loss policy, ``fail`` or ``recover``: its policy row's, else ``default``.
-
-    ``default`` is ``SCHEDULING_WORKER_LOST_POLICY``; a run whose task was deleted uses it too.
-    """
-    policy: TaskPolicy | None = getattr(task, "scheduling_policy", None) if task else None
-    if policy is not None and policy.worker_lost_policy:
-        return policy.worker_lost_policy
-    return default

@@ -44,12 +44,53 @@ class Poll:
         return (self.next_due - self.now).total_seconds()
 
 
+@dataclass(frozen=True)
+class Keepalives:
+    """TCP keepalive and user-timeout settings of a session, from ``SCHEDULING_TCP_KEEPALIVES_IDLE``.
+
+    ``idle``, ``interval``: seconds; ``count``: probes. ``bound`` (seconds) is how long an end of
+    the connection waits for a silent peer before it gives up: ``idle + count * interval`` when
+    nothing it sent is unacknowledged (the keepalive probes), and the same ``tcp_user_timeout``
+    when something is (a reply lost in a partition, where keepalives never start and the
+    retransmissions would last about 15 minutes). Defaults: 5 + 3 x 2 = 11 s. See
+    docs/outages.md, "Network partitions".
+    """
+
+    idle: int
+    interval: int
+    count: int = 3
+
+    @property
+    def bound(self) -> int:
+        """Seconds after which a silent peer's connection is given up."""
+        return self.idle + self.count * self.interval
+
+    def server_settings(self) -> list[str]:
+        """``tcp_keepalives_idle``, ``_interval``, ``_count``, ``tcp_user_timeout`` values."""
+        return [str(self.idle), str(self.interval), str(self.count), str(self.bound * 1000)]
+
+    def client_parameters(self) -> dict[str, int]:
+        """The same bounds as libpq connection parameters (ignored on a Unix socket)."""
+        return {
+            "keepalives": 1, "keepalives_idle": self.idle, "keepalives_interval": self.interval,
+            "keepalives_count": self.count, "tcp_user_timeout": self.bound * 1000,
+        }
+
+
+def keepalives() -> Keepalives:
+    """Return the keepalive settings of the scheduler's and the guard's sessions (interval: half
+    of ``SCHEDULING_TCP_KEEPALIVES_IDLE``, at least 1 s)."""
+    idle = conf.tcp_keepalives_idle
+    return Keepalives(idle=idle, interval=max(1, idle // 2))
+
+
 def configure_session(using: str = "default") -> None:
     """Apply the scheduler's server-side bounds to its connections, once per connection.
 
     ``idle_in_transaction_session_timeout`` and ``statement_timeout`` bound how long a frozen or
     partitioned replica can hold its claim (invariant 8, docs/architecture.md); the TCP keepalive
-    settings let the server notice a vanished client. ``application_name`` is
+    and user-timeout settings (``Keepalives``) let the server notice a vanished client, the
+    session-level reconcile turn included. ``application_name`` is
     ``scheduling-beat:<replica id>`` (cut to 63 bytes), so ``pg_stat_activity`` shows which
     session is which replica's. The connection of the reconcile turn
     (``SCHEDULING_DIRECT_DATABASE``) gets them too, when it is another one.
@@ -93,9 +134,7 @@ def _configure(using: str) -> None:
                 [
                     f"{int(conf.idle_in_transaction_timeout * 1000)}ms",
                     f"{int(conf.statement_timeout * 1000)}ms",
-                    str(conf.tcp_keepalives_idle),
-                    str(max(1, conf.tcp_keepalives_idle // 2)),
-                    "3",
+                    *keepalives().server_settings(),
                     application_name(conf.replica_id),
                 ],
             )
@@ -137,6 +176,22 @@ def close_sessions(using: str = "default") -> None:
             connections[alias].close()
         except Exception:  # noqa: BLE001 - the connection is already broken
             pass
+
+
+def server_address(using: str = "default") -> str:
+    """Return ``host:port`` of the server ``using``'s open connection is on, "" without one.
+
+    With several servers in the settings (a primary and its standbys, ``target_session_attrs``)
+    this names the one libpq chose. No query: libpq's record of the connection, readable on a
+    connection the server has just dropped too. Never raises.
+    """
+    raw = connections[using].connection
+    if raw is None:
+        return ""
+    try:
+        return f"{raw.info.host}:{raw.info.port}"
+    except Exception:  # noqa: BLE001 - closed: no address to tell
+        return ""
 
 
 def application_name(replica_id: str) -> str:

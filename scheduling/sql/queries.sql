@@ -9,12 +9,14 @@
 
 -- session_bounds --
 -- A scheduler session's server-side bounds (invariant 8: a frozen replica's claim ends within
--- the idle-in-transaction timeout), its TCP keepalives and its application_name.
+-- the idle-in-transaction timeout), its TCP keepalives and user timeout (a replica cut off
+-- silently: session.Keepalives) and its application_name.
 SELECT set_config('idle_in_transaction_session_timeout', %s, false),
        set_config('statement_timeout', %s, false),
        set_config('tcp_keepalives_idle', %s, false),
        set_config('tcp_keepalives_interval', %s, false),
        set_config('tcp_keepalives_count', %s, false),
+       set_config('tcp_user_timeout', %s, false),
        set_config('application_name', %s, false)
 
 -- transaction_bounds --
@@ -147,8 +149,12 @@ SELECT pg_try_advisory_lock(scheduling_execution_lock_key(%s, %s))
 SELECT pg_advisory_unlock(scheduling_execution_lock_key(%s, %s))
 
 -- guard_keepalives --
+-- The guard's lock session: the server frees the execution locks of a worker cut off silently
+-- within the keepalive bound (session.Keepalives), whether or not it has data in flight.
 SELECT set_config('tcp_keepalives_idle', %s, false),
-       set_config('tcp_keepalives_interval', %s, false)
+       set_config('tcp_keepalives_interval', %s, false),
+       set_config('tcp_keepalives_count', %s, false),
+       set_config('tcp_user_timeout', %s, false)
 
 -- fragment_prunable --
 -- The runs a prune plan deletes (parameters: final, cutoff, keep, names, slots, ids). A task's

@@ -14,6 +14,7 @@ import json
 import subprocess
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from urllib.parse import quote
 
@@ -39,16 +40,48 @@ def wait_until(predicate, timeout: float, interval: float = 0.05):
     raise AssertionError(f"condition not met within {timeout}s")
 
 
-def drain(timeout: float = 30.0) -> None:
-    """Wait until the worker has finished every dispatched run."""
+def drain(timeout: float = 30.0, limit: float = 600.0) -> None:
+    """Wait until the workers have finished every dispatched run.
+
+    Gives up (AssertionError naming the runs) when no run has finished for ``timeout`` seconds,
+    or after ``limit`` seconds in all: a worker on a busy machine drains its backlog slowly, and
+    how slowly is the machine's speed; a stuck run makes no progress.
+    """
     unfinished = Run.objects.filter(
         status__in=(Run.Status.DISPATCHED, Run.Status.RUNNING, Run.Status.RETRYING)
     )
-    try:
-        wait_until(lambda: not unfinished.exists(), timeout)
-    except AssertionError:
-        stuck = list(unfinished.values_list("periodic_task_name", "scheduled_for", "status"))
-        raise AssertionError(f"runs never finished: {stuck}") from None
+    started = progressed = time.monotonic()
+    left = unfinished.count()
+    while left:
+        now = time.monotonic()
+        if now - progressed > timeout or now - started > limit:
+            stuck = list(unfinished.values_list("periodic_task_name", "scheduled_for", "status"))
+            raise AssertionError(
+                f"runs never finished ({left} left, none finished in {now - progressed:.0f} s,"
+                f" {now - started:.0f} s in all): {stuck}"
+            )
+        time.sleep(0.05)
+        count = unfinished.count()
+        if count < left:
+            progressed = time.monotonic()
+        left = count
+
+
+def executed_once(runs: list[Run], executions: list[dict[str, object]]) -> dict[str, Run]:
+    """Assert the workers executed each of ``runs`` once and nothing else; return them by task id.
+
+    ``executions`` are the workers' own records (``Processes.executions()``).
+    """
+    executed = Counter(e["task_id"] for e in executions)
+    twice = [task_id for task_id, n in executed.items() if n > 1]
+    assert twice == [], f"executed more than once: {twice}"
+    by_id = {run.task_id: run for run in runs}
+    never = [(run.periodic_task_name, run.scheduled_for, run.status, run.reason)
+             for task_id, run in by_id.items() if task_id not in executed]
+    assert never == [], f"in the ledger, never executed: {never}"
+    unknown = sorted(set(executed) - set(by_id))
+    assert unknown == [], f"executed, not in the ledger: {unknown}"
+    return by_id
 
 
 def test_database_url() -> str:

@@ -46,7 +46,11 @@ def assert_misfire_policies(
     assert len(late) == 1, late
     (merged,) = late
     assert merged.dispatched_at >= up
-    assert merged.slots == 1 + int((merged.dispatched_at - merged.scheduled_for) / every)
+    # It stands for every slot up to the claim's clock, which the ledger does not keep: its
+    # ``dispatched_at`` is later, when the publish returned, and a slot can begin in between (seen
+    # with a 1 s interval on a loaded machine). So: every slot up to its dispatch, or one fewer.
+    up_to_dispatch = 1 + int((merged.dispatched_at - merged.scheduled_for) / every)
+    assert merged.slots in (up_to_dispatch, up_to_dispatch - 1), (merged.slots, up_to_dispatch)
     assert merged.slots >= int(outage)  # at least the slots inside the outage
     assert merged.reason == f"misfire: coalesced {merged.slots} slots"
     assert [r for r in coalesce if r.status == "missed"] == []

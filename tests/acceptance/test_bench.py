@@ -15,7 +15,7 @@ import pytest
 
 from tests.acceptance.deployment import ROOT
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.once]
+pytestmark = [pytest.mark.acceptance, pytest.mark.once, pytest.mark.timeout(1500)]
 
 #: (scenario prefix, measure prefix) of every row the quick run must print, in order.
 EXPECTED_ROWS = [
@@ -28,17 +28,31 @@ EXPECTED_ROWS = [
     ("burst 200 tasks", "all dispatched, 4 replicas"),
     ("burst 200 tasks", "3 replicas vs raw kombu publish"),
     ("burst 200 tasks", "3 replicas vs 1 stock DatabaseScheduler"),
+    ("burst 200 tasks", "CPU per 1,000 runs: 3 replicas (+ PostgreSQL) vs raw kombu"),
     ("memory, 3,000 tasks", "RSS of one replica (peak)"),
     ("lateness, 50 tasks/s, 3 replicas, 4 s", "lateness p99 (ledger"),
     ("lateness, 50 tasks/s, 3 replicas, 4 s", "lateness max (ledger)"),
     ("lateness, 50 tasks/s, 3 replicas, 4 s", "lateness p99 / max at the broker"),
     ("edit storm, 300 crontab tasks", "lateness p99 (ledger"),
     ("edit storm, 300 crontab tasks", "full reloads (full reconcile passes) during the storm"),
+    ("lateness, 50 tasks/s, 3 replicas, 4 s, one CPU hog beside", "lateness p99 (ledger"),
+    ("lateness, 50 tasks/s, 3 replicas, 4 s, one CPU hog beside",
+     "lateness p99 / max at the broker"),
+    ("edit storm, 300 crontab tasks", "lateness p99 (ledger"),
+    ("edit storm, 300 crontab tasks", "full reloads (full reconcile passes) during the storm"),
     ("failover, 2 trials", "kill to re-dispatch by another replica, median"),
     ("failover, 2 trials", "kill to re-dispatch by another replica, max"),
+    ("worker, no-op task, 200 runs, concurrency 2", "executions per second: guarded / guard left"),
+    ("worker, no-op task, 200 runs, concurrency 2", "executions per second: guarded vs plain"),
     ("ledger with 50,000 finished runs", "claim query, prepared as the scheduler sends it,"),
     ("ledger with 50,000 finished runs", "poll query (median of 20)"),
+    ("correctness: SIGSTOP 9 s of the busiest scheduler", "duplicate executions (worker's log)"),
+    ("correctness: SIGSTOP 9 s of the busiest scheduler", "lost runs (worker's log)"),
+    ("correctness: SIGKILL of the busiest scheduler", "duplicate executions (worker's log)"),
+    ("correctness: SIGKILL of the busiest scheduler", "lost runs (worker's log)"),
 ]
+#: The peers' columns, after ours.
+PEERS = ["stock", "redbeat (lock 1,500 s)", "redbeat (tuned lock)", "redlock per container"]
 NUMBER = r"\d[\d,]*(\.\d+)?"
 #: What the "ours" cell of each kind of row looks like.
 OURS = {
@@ -47,6 +61,8 @@ OURS = {
     "DB time per tick ratio": rf"^{NUMBER} ms / {NUMBER} ms$",
     "all dispatched": rf"^{NUMBER} s \({NUMBER}/s\)$",
     "3 replicas": rf"^{NUMBER} s \({NUMBER}/s\)$",
+    # PostgreSQL's share only when the server is a process of this host.
+    "CPU per 1,000 runs": rf"^{NUMBER} CPU s( \+ PostgreSQL {NUMBER} CPU s)?$",
     "RSS": rf"^{NUMBER} MB \(peak {NUMBER} MB\)$",
     "lateness p99 (ledger": rf"^{NUMBER} ms$",
     "lateness max": rf"^{NUMBER} ms$",
@@ -54,8 +70,13 @@ OURS = {
     r" copies|n/a for this broker)$",
     "full reloads": r"^\d+$",
     "kill to re-dispatch": rf"^{NUMBER} s$",
+    "executions per second: guarded /": rf"^{NUMBER} runs/s / {NUMBER} runs/s$",
+    "executions per second: guarded vs": rf"^{NUMBER} runs/s$",
     "claim query": rf"^{NUMBER} ms$",
     "poll query": rf"^{NUMBER} ms$",
+    # Acceptance 1 of issue 17: ours loses no run and executes none twice under either fault.
+    "duplicate executions": r"^0$",
+    "lost runs": r"^0$",
 }
 
 
@@ -63,27 +84,35 @@ def test_quick_mode_prints_every_scenario_with_well_formed_figures():
     result = subprocess.run(
         [sys.executable, "-m", "bench", "--quick"],
         cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True,
-        timeout=600,
+        timeout=1400,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     header, *rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
-    assert header == ["scenario", "measure", "ours", "stock", "raw publish", "ratio", "target",
+    assert header == ["scenario", "measure", "ours", *PEERS, "raw publish", "ratio", "target",
                       "met"]
     assert len(rows) == len(EXPECTED_ROWS), result.stdout
     for row, (scenario, measure) in zip(rows, EXPECTED_ROWS):
         assert row[0].startswith(scenario) and row[1].startswith(measure), row
         pattern = next(p for key, p in OURS.items() if row[1].startswith(key))
         assert re.match(pattern, row[2]), row
-        assert row[7] in ({"met", "NOT MET"} if row[6] != "-" else {"-"}), row
-        if row[5] != "-":
-            assert re.search(NUMBER + "x", row[5]), row
+        assert row[10] in ({"met", "NOT MET"} if row[9] != "-" else {"-"}), row
+        if row[8] != "-":
+            assert re.search(NUMBER + "x", row[8]), row
     burst_vs = {row[1]: row for row in rows if row[0].startswith("burst")}
     assert re.match(
         rf"^kombu {NUMBER} s \({NUMBER}/s\); Celery send_task, no ledger {NUMBER} s \({NUMBER}/s\)$",
-        burst_vs["3 replicas vs raw kombu publish"][4],
+        burst_vs["3 replicas vs raw kombu publish"][7],
     )
     assert re.match(rf"^(>= )?{NUMBER} s", burst_vs["3 replicas vs 1 stock DatabaseScheduler"][3])
+    cpu = burst_vs["CPU per 1,000 runs: 3 replicas (+ PostgreSQL) vs raw kombu"]
+    assert re.match(rf"^{NUMBER} CPU s \(its beat\)$", cpu[3]), cpu
+    assert re.match(rf"^kombu {NUMBER} CPU s; Celery send_task, no ledger {NUMBER} CPU s$", cpu[7]), cpu
+    for row in rows[-4:]:  # correctness: every peer counted (RedBeat and Redlock need Redis)
+        assert row[9] == "0" and row[10] == "met", row
+        assert re.match(rf"^{NUMBER}$", row[3]), row
+        for cell in row[4:7]:
+            assert re.match(rf"^({NUMBER}|n/a \(no Redis\))$", cell), row
     memory = next(row for row in rows if row[0].startswith("memory"))
     assert re.match(rf"^{NUMBER} MB \(peak {NUMBER} MB\)$", memory[3])
     assert re.search(r"^\d+ rows, \d+ targets not met; \d+ s; load average before ", result.stdout,

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 
 import pytest
 from django.conf import settings
 
 from tests.acceptance import deployment
 from tests.acceptance.deployment import wait_until
-from tools import chaos
+from tools import chaos, history
 from tools.brokers import Broker
+from tools.processes import read_executions
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
@@ -82,6 +84,29 @@ def test_bounded_chaos_run_loses_and_doubles_nothing(tmp_path):
         broker.add("broker database flushed")
     assert broker <= {kind for kind, n in report.faults.items() if n}
     assert report.policies["fail"] and report.policies["recover"]
+
+    # Issue 18: the run's history (tools.history), every event with the database clock, passes
+    # the history checker; each kind the faults above must cause is in it.
+    assert report.history is not None
+    assert {k: len(v) for k, v in report.history.breaches.items() if v} == {}
+    events = history.read(report.history_path)
+    kinds = Counter(event["kind"] for event in events)
+    assert kinds == report.history.events
+    for kind in ("planned", "claimed", "published", "committed", "started", "finished",
+                 "re-published", "executed"):
+        assert kinds[kind] > 0, kind
+    # A run is closed without its body's outcome only when a kill lands inside a body of a
+    # "fail" task or a run misses its deadline three times: on an idle machine none may be (seen
+    # in CI). Each one the report counts is in the history.
+    closed = sum(n for label, n in report.outcomes.items()
+                 if label.startswith(("failed: worker lost", "failed: not delivered")))
+    assert kinds["closed"] >= closed
+    assert kinds["killed"] == report.faults["worker SIGKILL + restart"]
+    (log,) = tmp_path.glob("chaos-*/executions.jsonl")
+    assert kinds["executed"] == len(read_executions(log))
+    assert all(event["at"] for event in events)  # executions too: the task read the database clock
+    assert kinds["committed"] + kinds["adopted"] >= executed_once
+    assert kinds["window"] == 1
 
 
 def test_the_check_reads_the_log_after_the_workers_finished_what_they_run(deployment):

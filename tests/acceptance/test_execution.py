@@ -112,6 +112,10 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_executes_once_more(tmp_
         )
         run = _run_in(task, Run.Status.RUNNING, timeout=60)
         assert run.worker.startswith("worker-a@")
+        # Mid-run is once the body has begun: the guard records the run running just before the
+        # body writes its start line (seen killed in between, with no start line, under load).
+        wait_until(lambda: any(e["task_id"] == run.task_id
+                               for e in deployment.executions("start")), timeout=30)
         deployment.kill("worker-a")
         deployment.start_worker("worker-b", concurrency=1)
         run = _run_in(task, Run.Status.SUCCEEDED, timeout=60)

@@ -156,5 +156,7 @@ def test_a_turn_holder_ended_by_the_server_mid_pass_delays_planning_by_that_boun
         # left idle in its transaction, as a frozen replica mid-pass
 
     waited, logs = _created_while_the_turn_is_held(tmp_path, make_task, hold)
-    assert waited <= bound + 3.0
+    # The bound, then a poll and a pass: 2.5 to 3.5 s when quiet, 5.2 s seen at load 20. What
+    # tells the two ways apart is the patience: not waited for, and not logged.
+    assert bound - 0.5 <= waited < TURN_PATIENCE - 0.5
     assert "reconciling anyway" not in logs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import psycopg
 import pytest
@@ -187,8 +188,6 @@ def test_the_execution_lock_is_freed_when_its_session_ends():
 
 def test_a_lock_session_ended_by_the_server_requeues_the_delivery(dispatched):
     """Found by the chaos run: an error of the guard's own session raised TypeError, not Reject."""
-    from types import SimpleNamespace
-
     from celery.exceptions import Reject
 
     guard.liveness.try_lock(guard.Attempt("warm-up", 0))
@@ -203,4 +202,53 @@ def test_a_lock_session_ended_by_the_server_requeues_the_delivery(dispatched):
         guard.guard(request, dispatched.task_id)
     assert caught.value.requeue is True
     assert counters(dispatched) == (Run.Status.DISPATCHED, 0, 0, 0)
+    guard.liveness.close()
+
+
+def test_a_message_ahead_of_the_ledger_waits_until_its_slot_is_planned_again(make_task):
+    """After an asynchronous failover: the promoted standby lacks the old primary's last runs,
+    whose messages are in the broker. Such a message is requeued until a replica plans its slot
+    again (same deterministic task id), then runs once by the usual rule."""
+    from datetime import timedelta
+
+    from celery.exceptions import Reject
+
+    from scheduling import slots
+    from scheduling.ledger.writes import insert_pending
+    from tests.integration.conftest import make_due
+
+    task = make_task(every=60)
+    run = make_due(task)  # the ledger's latest run: pending at "now"
+    lost = run.scheduled_for + timedelta(seconds=60)  # the run of the next slot, lost
+    lost_id = slots.task_id_for(task.pk, lost)
+
+    def deliver(task_id: str, slot: tuple[str, object]) -> ledger.Execution:
+        return ledger.begin_execution(
+            task_id, "w1@host", retries=0, redelivered=False, exclusive=True, slot=slot  # type: ignore[arg-type]
+        )
+
+    decision = deliver(lost_id, (task.name, lost))
+    assert (decision.execute, decision.tracked, decision.requeue) == (False, False, True)
+    headers = {"scheduling_run": 1, "periodic_task_name": task.name,
+               "scheduled_for": lost.isoformat(), "retries": 0, "hostname": "w1@host"}
+    request = SimpleNamespace(get=headers.get)
+    with pytest.raises(Reject) as caught:
+        guard.guard(request, lost_id)
+    assert caught.value.requeue is True
+    assert not Run.objects.filter(task_id=lost_id).exists()
+
+    # Untracked as before: an id that is not the slot's scheduled run (a manual run), a slot the
+    # ledger has passed (the row pruned), a task that no longer exists or is disabled.
+    untracked = ledger.Execution(True, False, "no run has this task id")
+    assert deliver("manual-run-id", (task.name, lost)) == untracked
+    earlier = run.scheduled_for - timedelta(seconds=60)
+    assert deliver(slots.task_id_for(task.pk, earlier), (task.name, earlier)) == untracked
+    assert deliver(lost_id, ("no such task", lost)) == untracked
+
+    # A replica plans the slot again (the claim of the run before it): the delivery runs.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.SUCCEEDED)
+    insert_pending([(task, lost)])
+    decision = deliver(lost_id, (task.name, lost))
+    assert (decision.execute, decision.tracked, decision.requeue) == (True, True, False)
+    assert Run.objects.get(task_id=lost_id).executions == 1
     guard.liveness.close()

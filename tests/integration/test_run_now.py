@@ -33,7 +33,8 @@ def _wait_for_database_clock(moment) -> None:
 
 
 def test_the_scheduled_run_after_a_manual_one_happens_at_its_slot(make_task, recorder):
-    start = ledger.database_now().replace(microsecond=0) + timedelta(seconds=3)
+    # The slot 15 s ahead: the manual run's claim must come before it (3 s was passed at load 20).
+    start = ledger.database_now().replace(microsecond=0) + timedelta(seconds=15)
     task = make_task(every=5, start_time=start, name="every 5 s")
     ledger.reconcile(GRACE)
     planned = Run.objects.pending().get(periodic_task=task)

@@ -25,15 +25,21 @@ def test_configure_session_sets_timeouts_keepalives_and_application_name():
             "SELECT current_setting('idle_in_transaction_session_timeout'),"
             " current_setting('statement_timeout'), current_setting('tcp_keepalives_idle'),"
             " current_setting('tcp_keepalives_interval'), current_setting('tcp_keepalives_count'),"
-            " current_setting('application_name')"
+            " current_setting('tcp_user_timeout'), current_setting('application_name')"
         )
         values = cursor.fetchone()
         # Over a Unix socket (the embedded server) the keepalive settings read back as 0.
         unix = connection.get_connection_params().get("host", "").startswith("/")
     assert values[:2] == ("3500ms", "2s")
-    assert values[2:5] == (("0", "0", "0") if unix else ("9", "4", "3"))
-    assert values[5] == "scheduling-beat:replica-7"
-    assert connection.get_connection_params()["keepalives_idle"] == 5  # client side, settings
+    # 9 s idle, 3 probes 4 s apart: the server gives up on a silent replica after 21 s, with or
+    # without data in flight (tcp_user_timeout).
+    assert values[2:6] == (("0", "0", "0", "0") if unix else ("9", "4", "3", "21000"))  # milliseconds
+    assert values[6] == "scheduling-beat:replica-7"
+    params = connection.get_connection_params()  # client side: the example settings
+    assert {k: params[k] for k in ("keepalives_idle", "tcp_user_timeout", "connect_timeout")} == {
+        "keepalives_idle": 5, "tcp_user_timeout": 11_000, "connect_timeout": 10,
+    }
+
 
 
 def test_application_name_is_cut_to_what_postgresql_keeps():

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from scheduling.schedulers import retry_delay
+from scheduling.backoff import retry_delay
 
 CAP = 3.0
 

@@ -1,0 +1,145 @@
+"""The worker side's cost: executions per second of a no-op task, one worker, concurrency 2.
+
+Three ways, each with the same number of messages queued before its worker starts:
+
+- ``plain``: Celery's own messages (``send_task``, no ``scheduling_run`` header): a worker
+  without this app's work, the floor;
+- ``recorded``: our replicas' messages, the guard left out (``bench.unguarded_settings``:
+  ``CELERY_TASK_ANNOTATIONS`` empty): the start and the outcome written on the run row by the
+  worker signals (``scheduling.worker``), two statements a run;
+- ``guarded``: the same with the guard (the example project's settings): its decision, the
+  execution lock and the start in one statement, the outcome, the unlock.
+
+The rate is executions over the time from the worker's first "received" line to its last
+"succeeded" line, both from the worker's own log, which also shows each message executed once.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+
+from django_celery_beat.models import PeriodicTask
+
+from bench import data
+from bench.report import Row
+from bench.scenarios import READY, close
+from scheduling.models import Run
+from tests.acceptance.deployment import Deployment
+
+NOOP = "project.tasks.noop"
+#: Target of the guarded rate against the rate with the guard left out (issue 17).
+TARGET = 1.3
+_LINE = re.compile(
+    r"^\[(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/[^\]]+\] Task "
+    + re.escape(NOOP) + r"\[(?P<id>[0-9a-f-]+)\] (?P<what>received|succeeded)"
+)
+
+
+def guard_cost(bench) -> list[Row]:
+    """Rows: the three rates, the guard's ratio against the rate without it (target 1.3x) and
+    against plain Celery (a figure)."""
+    n = bench.sizes.guard_runs
+    tasks = data.interval_tasks("guard", 0, n, timedelta(days=1))
+    PeriodicTask.objects.filter(pk__in=tasks).update(task=NOOP)
+    data.plan()
+    try:
+        rates = {
+            "plain": _plain(bench, n),
+            "recorded": _ledger(bench, tasks, "recorded",
+                                DJANGO_SETTINGS_MODULE="bench.unguarded_settings"),
+            "guarded": _ledger(bench, tasks, "guarded"),
+        }
+    finally:
+        Run.objects.filter(periodic_task_id__in=tasks).delete()
+        PeriodicTask.objects.filter(pk__in=tasks).delete()
+    label = f"worker, no-op task, {n:,} runs, concurrency 2"
+    text = {way: f"{rate:,.0f} runs/s" for way, rate in rates.items()}
+    return [
+        Row(label, "executions per second: guarded / guard left out (run row still written)",
+            f"{text['guarded']} / {text['recorded']}",
+            ratio=f"{rates['recorded'] / rates['guarded']:.2f}x", target=f"<= {TARGET}x",
+            met=rates["recorded"] <= TARGET * rates["guarded"]),
+        Row(label, "executions per second: guarded vs plain Celery (no ledger)",
+            text["guarded"], raw=f"send_task, no ledger {text['plain']}",
+            ratio=f"{rates['plain'] / rates['guarded']:.2f}x"),
+    ]
+
+
+def _plain(bench, n: int) -> float:
+    from project.celery import app
+
+    deployment = bench.deployment("guard-plain")
+    try:
+        with app.producer_or_acquire() as producer:
+            for _ in range(n):
+                app.send_task(NOOP, queue=deployment.queue, producer=producer)
+        _wait_queued(bench, deployment, n)
+        rate = _drained(bench, deployment, n)
+    finally:
+        close(bench, deployment)
+    bench.log(f"  worker, plain Celery: {rate:,.0f} runs/s")
+    return rate
+
+
+def _ledger(bench, tasks: list[int], way: str, **env: str) -> float:
+    """Our replica dispatches every task's next run at one instant, with no worker running;
+    then one worker runs them all."""
+    deployment = bench.deployment(f"guard-{way}", **env)
+    try:
+        deployment.start_beat("replica-1")
+        deployment.wait_for_log("replica-1", READY, timeout=120)
+        time.sleep(1.0)  # its first tick (the startup reconcile) is over
+        at, moved = data.due_at_once(tasks, timeout=300)
+        deployment.stop("replica-1")
+        _wait_queued(bench, deployment, moved)
+        rate = _drained(bench, deployment, moved)
+        done = Run.objects.filter(scheduled_for=at, status=Run.Status.SUCCEEDED).count()
+        if done != moved:
+            raise RuntimeError(f"worker, {way}: {done}/{moved} runs succeeded on the ledger")
+    finally:
+        close(bench, deployment)
+    data.forget_runs(tasks)
+    bench.log(f"  worker, {way}: {rate:,.0f} runs/s")
+    return rate
+
+
+def _wait_queued(bench, deployment: Deployment, n: int) -> None:
+    if bench.broker.wait_count(deployment.queue, n, 120) is None:
+        raise RuntimeError(f"{bench.broker.count(deployment.queue)}/{n} messages at the broker")
+
+
+def _drained(bench, deployment: Deployment, n: int) -> float:
+    """Start one worker (concurrency 2) on the queued messages; return executions per second."""
+    deployment.start_worker("worker", concurrency=2)
+    log = deployment.log_path("worker")
+    deadline = time.monotonic() + 60 + n / 20
+    while time.monotonic() < deadline:
+        if log.exists() and log.read_text(errors="replace").count(" succeeded in ") >= n:
+            break
+        time.sleep(0.2)
+    deployment.stop("worker")
+    lines = worker_log(log.read_text(errors="replace"))
+    executed = Counter(task_id for what, task_id, _ in lines if what == "succeeded")
+    twice = [task_id for task_id, k in executed.items() if k > 1]
+    if len(executed) != n or twice:
+        raise RuntimeError(f"{len(executed)}/{n} runs executed in the worker's log,"
+                           f" {len(twice)} twice")
+    first = min(at for what, _, at in lines if what == "received")
+    last = max(at for what, _, at in lines if what == "succeeded")
+    return n / (last - first).total_seconds()
+
+
+def worker_log(text: str) -> list[tuple[str, str, datetime]]:
+    """The no-op task's "received" and "succeeded" lines of a worker's log (Celery's default
+    format, local time, milliseconds), in order: (``"received"`` or ``"succeeded"``, Celery task
+    id, the line's time)."""
+    lines = []
+    for line in text.splitlines():
+        match = _LINE.match(line)
+        if match:
+            at = datetime.strptime(match["at"], "%Y-%m-%d %H:%M:%S,%f")
+            lines.append((match["what"], match["id"], at))
+    return lines
