@@ -37,6 +37,22 @@ def _statements(captured: CaptureQueriesContext) -> list[str]:
     return [sql for sql in queries if not sql.startswith(control)]
 
 
+def _wait_for_session_end(pid: int, timeout: float = 30.0) -> None:
+    """Wait until the server has ended backend ``pid`` and so released its advisory locks.
+
+    Closing the client's socket returns before the server's backend has exited: on a loaded
+    machine the next tick could still find the turn taken (seen at load 4).
+    """
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+            if cursor.fetchone()[0] == 0:
+                return
+            assert time.monotonic() < deadline, f"backend {pid} still there after {timeout} s"
+            time.sleep(0.02)
+
+
 @pytest.mark.parametrize("tasks", [3, 60])
 def test_a_pass_with_nothing_changed_runs_three_queries_and_reads_no_task(make_task, tasks):
     for _ in range(tasks):
@@ -200,7 +216,9 @@ def test_a_replica_that_deferred_its_pass_makes_it_once_the_turn_is_free(
     task = make_task(every=3600)
     scheduler.tick()  # the turn is taken: it defers its pass
     assert scheduler._turn_awaited_since is not None
+    holder = raw_connection.info.backend_pid
     raw_connection.close()  # the holder's session ends before its pass planned anything
+    _wait_for_session_end(holder)
     assert Run.objects.pending().filter(periodic_task=task).count() == 0
     with CaptureQueriesContext(connection) as captured:
         scheduler.tick()  # the turn is free: it makes its own pass
