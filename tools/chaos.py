@@ -875,6 +875,10 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
+    unapplied = unapplied_migrations()
+    if unapplied:
+        parser.exit(2, f"the database has {len(unapplied)} unapplied migrations (first:"
+                    f" {unapplied[0]}): run `python manage.py migrate` first\n")
     options = Options(
         seconds=seconds, replicas=args.replicas, workers=args.workers, tasks=args.tasks,
         every=args.every, seed=seed, concurrency=args.concurrency, fault_every=args.fault_every,
@@ -884,6 +888,16 @@ def main(argv: list[str] | None = None) -> int:
     report = run(options, say=lambda line: print(line, flush=True))
     print(report.table(), flush=True)
     return 0 if report.ok else 1
+
+
+def unapplied_migrations() -> list[str]:
+    """The migrations not applied to the default database, as ``app.name``, in plan order."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    return [f"{migration.app_label}.{migration.name}" for migration, _ in plan]
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ of 10 s, so a message the broker lost is re-published within the settling time.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -129,3 +132,16 @@ def test_the_check_reads_the_log_after_the_workers_finished_what_they_run(deploy
 
     assert not deployment.alive("worker")
     assert [e["task_id"] for e in deployment.executions()] == [task_id]
+
+
+def test_on_a_database_never_migrated_the_tool_says_to_migrate_first(empty_database_url):
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.chaos", "--seconds", "1"], cwd=deployment.ROOT,
+        env={**os.environ, "DATABASE_URL": empty_database_url}, capture_output=True, text=True,
+        timeout=120, check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("the database has ")
+    assert "unapplied migrations (first: " in done.stderr
+    assert done.stderr.endswith("run `python manage.py migrate` first\n")
+    assert "Traceback" not in done.stderr

@@ -29,13 +29,10 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import connection
-from psycopg import sql
 
 from tests.acceptance import deployment
 
@@ -81,24 +78,7 @@ def _run(*args: str | Path, cwd: Path, timeout: float = 180) -> str:
 
 
 @pytest.fixture
-def database_url() -> Iterator[str]:
-    """Create a database of its own on the test's server; yield its URL; drop it."""
-    params = connection.get_connection_params()
-    params = {k: v for k, v in params.items() if k not in ("cursor_factory", "context")}
-    name = f"readme_{uuid.uuid4().hex[:10]}"
-    admin = psycopg.connect(**{**params, "dbname": "postgres"}, autocommit=True)
-    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield urlunsplit(urlsplit(deployment.test_database_url())._replace(path=f"/{name}"))
-    finally:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(name)
-        ))
-        admin.close()
-
-
-@pytest.fixture
-def broker(database_url: str) -> Iterator[tuple[str, str]]:
+def broker(empty_database_url: str) -> Iterator[tuple[str, str]]:
     """Yield (broker URL, queue) for the new project; delete the queue afterwards.
 
     The suite's broker when it is a service; for the serviceless default (the example
@@ -108,7 +88,7 @@ def broker(database_url: str) -> Iterator[tuple[str, str]]:
     queue = f"readme-{uuid.uuid4().hex[:10]}"
     url = settings.CELERY_BROKER_URL
     if url.startswith("sqlpoll+"):
-        yield "sqla+postgresql+psycopg://" + database_url.split("://", 1)[1], queue
+        yield "sqla+postgresql+psycopg://" + empty_database_url.split("://", 1)[1], queue
         return
     yield url, queue
     from kombu import Connection, Exchange, Queue
@@ -163,12 +143,14 @@ def _ledger_count(database_url: str) -> int:
     return row[0] if row else 0
 
 
-def test_the_readme_logging_snippet_prints_each_dispatch_once(tmp_path, database_url, broker):
+def test_the_readme_logging_snippet_prints_each_dispatch_once(
+    tmp_path, empty_database_url, broker
+):
     blocks = readme_blocks()
     assert {"logging", "celery-app", "celery-app-import", "task"} <= set(blocks), blocks.keys()
     site = tmp_path / "site"
     site.mkdir()
-    _project(site, blocks, database_url, *broker)
+    _project(site, blocks, empty_database_url, *broker)
     python = sys.executable
     assert "Applying scheduling.0001_initial... OK" in _run(
         python, "manage.py", "migrate", "--no-input", cwd=site
@@ -194,7 +176,7 @@ def test_the_readme_logging_snippet_prints_each_dispatch_once(tmp_path, database
         while (
             beat.poll() is None
             and time.monotonic() < deadline
-            and _ledger_count(database_url) < RUNS
+            and _ledger_count(empty_database_url) < RUNS
         ):
             time.sleep(0.2)
         assert beat.poll() is None, f"beat exited {beat.returncode}:\n{output.read_text()}"

@@ -14,16 +14,11 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 import zipfile
-from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
-import psycopg
 import pytest
-from django.db import connection
-from psycopg import sql
 
 from tests.acceptance.deployment import ROOT
 
@@ -62,27 +57,17 @@ def _run(*args: str | Path, cwd: Path, timeout: float = 300) -> str:
 
 
 @pytest.fixture
-def database() -> Iterator[dict[str, object]]:
-    """Create a database of its own on the test's server; yield its DATABASES entry; drop it."""
-    params = connection.get_connection_params()
-    params = {k: v for k, v in params.items() if k not in ("cursor_factory", "context")}
-    name = f"wheel_{uuid.uuid4().hex[:10]}"
-    admin = psycopg.connect(**{**params, "dbname": "postgres"}, autocommit=True)
-    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": name,
-            "USER": params.get("user") or "",
-            "PASSWORD": params.get("password") or "",
-            "HOST": params.get("host") or "",
-            "PORT": str(params.get("port") or ""),
-        }
-    finally:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(name)
-        ))
-        admin.close()
+def database(empty_database) -> dict[str, object]:
+    """The DATABASES entry of an empty database of its own on the test's server."""
+    params = empty_database.params
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": empty_database.name,
+        "USER": params.get("user") or "",
+        "PASSWORD": params.get("password") or "",
+        "HOST": params.get("host") or "",
+        "PORT": str(params.get("port") or ""),
+    }
 
 
 @pytest.fixture(scope="module")
