@@ -83,6 +83,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._prune = BuiltinPrune()
         self._overdue = OverdueWatch(self.replica_id)
         self._lost = ledger.LostExecutions(conf.worker_lost_after)
+        self._settled = ledger.SettledChanges()
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
@@ -237,7 +238,7 @@ class LedgerScheduler(DatabaseScheduler):
         full = self._last_full_reconcile is None or (
             started - self._last_full_reconcile >= conf.full_reconcile_interval
         )
-        planned = ledger.reconcile(grace, full=full, lost=self._lost)
+        planned = ledger.reconcile(grace, full=full, lost=self._lost, settled=self._settled)
         metrics.observe_worker_lost([name for _, name in self._lost.closed], self.replica_id)
         signals.announce_finished(*(task_id for task_id, _ in self._lost.closed))
         self._redeliver()

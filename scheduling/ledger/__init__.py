@@ -25,7 +25,7 @@ surface; modules outside the package import them from here.
 """
 
 from scheduling.clock import ClockTimestamp, StatementTimestamp, database_now
-from scheduling.ledger.changes import CHANGE_RETENTION, note_unplanned
+from scheduling.ledger.changes import CHANGE_RETENTION, SettledChanges, note_unplanned
 from scheduling.ledger.claim import FLUSH_EVERY, Dispatched, Publish, claim_and_dispatch
 from scheduling.ledger.delivery import Redelivered, Republisher, redeliver
 from scheduling.ledger.execution import (
@@ -74,6 +74,7 @@ __all__ = [
     "Publish",
     "Redelivered",
     "Republisher",
+    "SettledChanges",
     "StatementTimestamp",
     "acting",
     "application_name",

@@ -18,7 +18,7 @@ from django_celery_beat.models import PeriodicTask
 from scheduling import slots
 from scheduling.clock import ClockTimestamp, database_now
 from scheduling.exceptions import ScheduleError
-from scheduling.ledger.changes import affected, recent_changes
+from scheduling.ledger.changes import SettledChanges, affected, recent_changes
 from scheduling.ledger.lost import LostExecutions, close_lost_executions
 from scheduling.ledger.planning import SCHEDULE_RELATED, plan_missing
 from scheduling.ledger.writes import insert_pending
@@ -33,6 +33,7 @@ def reconcile(
     *,
     full: bool = True,
     lost: LostExecutions | None = None,
+    settled: SettledChanges | None = None,
 ) -> int:
     """Bring the pending runs in line with the periodic tasks; return the number of runs planned.
 
@@ -47,6 +48,10 @@ def reconcile(
        their worker-loss policy (``close_lost_executions``); the scheduler then re-publishes
        ``lost.recoverable`` and the overdue dispatched runs (``delivery.redeliver``).
 
+    With ``settled`` (the replica's memory of the change log, ``SettledChanges``) the pass leaves
+    out the change-log rows it settled, and settles those it looked at for the last time once
+    every step above has committed.
+
     ``full=False`` (the scheduler's passes after its first) looks only at what the change log
     (``ScheduleChange``: edits, creations, schedules that failed to give a slot at claim time)
     names, plus pending runs whose task was deleted: its cost follows the changes, not the number
@@ -56,7 +61,7 @@ def reconcile(
     Safe to run from any number of replicas at once: rows being claimed are skipped, and the unique
     constraints drop concurrent duplicates (invariant 1).
     """
-    changed = recent_changes(using)
+    changed = recent_changes(using, settled)
     unplanned = changed.pop(ScheduleChange.Kind.UNPLANNED, set())
     _cancel_orphans(using, None if full else changed.get(ScheduleChange.Kind.TASK, set()))
     replan_edited(using, changed)
@@ -69,6 +74,8 @@ def reconcile(
         planned = 0
     if lost is not None:
         close_lost_executions(lost, using)
+    if settled is not None:
+        settled.passed()
     return planned
 
 

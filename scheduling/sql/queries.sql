@@ -297,3 +297,16 @@ ORDER BY r.periodic_task_name
 -- (migration 0016 reads it with current_setting('scheduling.actor', true)). Transaction-local:
 -- it ends with the transaction, so it never reaches a pooler's next client.
 SELECT set_config('scheduling.actor', %s, true)
+
+-- transaction_horizon --
+-- What settles a change-log row (ledger.changes.SettledChanges): the database clock, the start
+-- of the oldest transaction open in another client session of this database (NULL: none), and
+-- whether a session hides it (another role's, without pg_read_all_stats: its state is NULL).
+-- Autovacuum and the server's own processes plan no run and are left out.
+SELECT clock_timestamp(),
+       min(xact_start),
+       coalesce(bool_or(state IS NULL), false)
+  FROM pg_stat_activity
+ WHERE datname = current_database()
+   AND backend_type = 'client backend'
+   AND pid <> pg_backend_pid()

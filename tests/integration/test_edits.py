@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -11,11 +12,26 @@ from django_celery_beat.models import CrontabSchedule, IntervalSchedule, Periodi
 
 from project.celery import app
 from scheduling import ledger, slots
+from scheduling.ledger.changes import recent_changes
 from scheduling.models import Run, ScheduleChange
 from scheduling.schedulers import LedgerScheduler
 from tests.integration.conftest import GRACE, claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def looked_at(monkeypatch) -> list[int]:
+    """The ids of the tasks whose slot a pass recomputes (``slots.initial_run``), in order."""
+    seen: list[int] = []
+    initial_run = slots.initial_run
+
+    def counting(task, *args, **kwargs):
+        seen.append(task.pk)
+        return initial_run(task, *args, **kwargs)
+
+    monkeypatch.setattr(slots, "initial_run", counting)
+    return seen
 
 
 def _pending(tasks) -> dict[int, tuple[int, int]]:
@@ -85,20 +101,13 @@ def test_queryset_update_of_a_shared_interval_moves_its_tasks(make_task):
     assert {r.scheduled_for for r in Run.objects.pending()} == {start + timedelta(minutes=30)}
 
 
-def test_reconcile_looks_only_at_the_tasks_whose_definition_changed(make_task, monkeypatch):
+def test_reconcile_looks_only_at_the_tasks_whose_definition_changed(make_task, looked_at):
     tasks = _shared_crontab_tasks(make_task, 2)
     for _ in range(40):
         make_task(cron="0 4 * * *")
     ledger.reconcile(GRACE)
     _edit_by_update(tasks[0].crontab)
-    looked_at: list[int] = []
-    initial_run = slots.initial_run
-
-    def counting(task, *args, **kwargs):
-        looked_at.append(task.pk)
-        return initial_run(task, *args, **kwargs)
-
-    monkeypatch.setattr(slots, "initial_run", counting)
+    looked_at.clear()
     ledger.replan_edited("default")
     assert sorted(looked_at) == sorted(t.pk for t in tasks)
 
@@ -169,3 +178,85 @@ def test_an_edit_never_fires_a_slot_that_is_already_past_even_inside_the_grace(m
     assert set(Run.objects.pending().values_list("scheduled_for", flat=True)) == {
         this_minute + timedelta(days=1)
     }
+
+
+def _old_plan_committed_after_the_edit(raw_connection, run_pk: int) -> None:
+    """In ``raw_connection``'s open transaction, which locked run ``run_pk`` (a claim): dispatch
+    it and plan the next slot from the definition it read (a day later, 03:00), then commit."""
+    columns = [f.column for f in Run._meta.concrete_fields if f.column != "id"]
+    values = [
+        {"scheduled_for": "scheduled_for + interval '1 day'",
+         "due_at": "due_at + interval '1 day'",
+         "task_id": "task_id || '-next'",
+         "status": "'pending'",
+         "dispatched_at": "NULL"}.get(column, column)
+        for column in columns
+    ]
+    raw_connection.execute(
+        "UPDATE scheduling_run SET status = 'dispatched', dispatched_at = now() WHERE id = %s",
+        [run_pk],
+    )
+    raw_connection.execute(
+        f"INSERT INTO scheduling_run ({', '.join(columns)})"
+        f" SELECT {', '.join(values)} FROM scheduling_run WHERE id = %s", [run_pk],
+    )
+    raw_connection.commit()
+
+
+def test_a_change_settles_only_once_every_transaction_open_when_it_was_read_has_ended(
+    make_task, raw_connection
+):
+    """A claim that read the old definition and commits its plan after the edit's passes: the
+    change stays looked at until that claim ended, then its plan is moved, then it is settled."""
+    task = make_task(cron="0 3 * * *")
+    ledger.reconcile(GRACE)
+    settled = ledger.SettledChanges()
+    for _ in range(2):  # the creation's rows: read, then settled
+        ledger.reconcile(GRACE, full=False, settled=settled)
+    assert recent_changes("default", settled) == {}
+    run = Run.objects.pending().get(periodic_task=task)
+    assert run.scheduled_for.hour == 3
+
+    raw_connection.execute("SELECT id FROM scheduling_run WHERE id = %s FOR UPDATE", [run.pk])
+    _edit_by_update(task.crontab)
+    change = ScheduleChange.objects.latest("id").pk
+    ledger.reconcile(GRACE, full=False, settled=settled)  # the claimed run is skipped
+    ledger.reconcile(GRACE, full=False, settled=settled)  # the claim is still open
+    assert change not in settled.settled
+    assert Run.objects.pending().get(periodic_task=task).pk == run.pk
+
+    _old_plan_committed_after_the_edit(raw_connection, run.pk)
+    assert Run.objects.pending().get(periodic_task=task).scheduled_for.hour == 3
+    ledger.reconcile(GRACE, full=False, settled=settled)  # the last look: moves the old plan
+    pending = Run.objects.pending().get(periodic_task=task)
+    assert (pending.scheduled_for.hour, pending.scheduled_for.minute) == (5, 0)
+    assert change in settled.settled
+    assert recent_changes("default", settled) == {}
+
+
+def test_a_pass_leaves_settled_changes_out(make_task, looked_at):
+    tasks = [make_task(cron="0 3 * * *") for _ in range(3)]
+    ledger.reconcile(GRACE)
+    settled = ledger.SettledChanges()
+    for task in tasks:
+        task.crontab = CrontabSchedule.objects.get_or_create(
+            minute="0", hour="6", day_of_month="*", month_of_year="*", day_of_week="*",
+            timezone="UTC",
+        )[0]
+        task.save()
+    looked_at.clear()
+    ledger.reconcile(GRACE, full=False, settled=settled)  # re-plans the three
+    ledger.reconcile(GRACE, full=False, settled=settled)  # nothing open: the last look
+    assert Counter(looked_at) == {t.pk: 2 for t in tasks}
+    looked_at.clear()
+    ledger.reconcile(GRACE, full=False, settled=settled)
+    assert looked_at == []
+    tasks[0].crontab = tasks[1].crontab = CrontabSchedule.objects.get_or_create(
+        minute="0", hour="7", day_of_month="*", month_of_year="*", day_of_week="*",
+        timezone="UTC",
+    )[0]
+    tasks[0].save()
+    ledger.reconcile(GRACE, full=False, settled=settled)
+    assert looked_at == [tasks[0].pk]
+    hours = {r.periodic_task_id: r.scheduled_for.hour for r in Run.objects.pending()}
+    assert hours == {tasks[0].pk: 7, tasks[1].pk: 6, tasks[2].pk: 6}
