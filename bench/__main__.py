@@ -26,8 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=DOC,
                         help="where the full run writes its report (default docs/benchmarks.md)")
     parser.add_argument("--only", default="",
-                        help="comma-separated scenarios to run (development): idle, burst, memory,"
-                        " lateness_and_storm, failover, guard_cost, history, correctness")
+                        help="comma-separated scenarios to run (development; prints the table,"
+                        " writes no doc): idle, burst, memory, lateness_and_storm, failover,"
+                        " guard_cost, history, correctness")
     args = parser.parse_args(argv)
     command = _command(args.quick)
     load_before = env.load_average()
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     missed = [f"{r.scenario}: {r.measure}" for r in rows if r.met is False]
     print(f"\n{len(rows)} rows, {len(missed)} targets not met; {duration:.0f} s;"
           f" load average before {load_before}, after {load_after}")
-    if not args.quick:
+    if not args.quick and not args.only:  # a partial run never replaces the full run's doc
         args.output.write_text(_document(rows, plans, setting, command, duration,
                                          load_before, load_after))
         print(f"wrote {args.output}")
