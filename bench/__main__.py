@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the full run writes its report (default docs/benchmarks.md)")
     parser.add_argument("--only", default="",
                         help="comma-separated scenarios to run (development): idle, burst, memory,"
-                        " lateness_and_storm, failover, guard_cost, history, correctness")
+                        " lateness_and_storm, sustained, mvcc_horizon, failover, guard_cost,"
+                        " history, correctness")
     args = parser.parse_args(argv)
     command = _command(args.quick)
     load_before = env.load_average()
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from bench import scenarios
         from bench.guard_cost import guard_cost
+        from bench.sustained import mvcc_horizon, sustained
 
         logging.getLogger("scheduling").setLevel(logging.WARNING)  # this process's own planning
 
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             only = {name for name in args.only.split(",") if name}
             for step in (scenarios.idle, scenarios.burst, scenarios.memory,
-                         scenarios.lateness_and_storm, scenarios.failover, guard_cost):
+                         scenarios.lateness_and_storm, sustained, mvcc_horizon, scenarios.failover,
+                         guard_cost):
                 if not only or step.__name__ in only:
                     log(f"{step.__name__} ...")
                     rows += step(bench)

@@ -499,7 +499,8 @@ def lateness_rows(
     ]
     if p99 < 0.2:
         rows.append(Row(label, "lateness max (ledger)", ms(worst),
-                        target=f"<= {max_late * 1000:.0f} ms", met=bool(runs) and worst <= max_late))
+                        target=f"<= {max_late * 1000:.0f} ms",
+                        met=bool(runs) and worst <= max_late))
     if arrivals is None:
         rows.append(Row(label, "lateness p99 / max at the broker", "n/a for this broker"))
         return rows
