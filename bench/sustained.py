@@ -219,8 +219,8 @@ def _horizon_age(holder: psycopg.Connection) -> int:
             [holder.info.backend_pid],
         )
         row = cursor.fetchone()
-    if holder.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS or not row or \
-            row[0] is None:
+    in_transaction = holder.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    if not in_transaction or row is None or row[0] is None:
         raise RuntimeError("mvcc_horizon: the other session did not hold its snapshot to the end")
     return int(row[0])
 
