@@ -43,10 +43,12 @@ EXPECTED_ROWS = [
     ("sustained, 100 runs/s, 2 replicas, 8 s", "lateness p99 (ledger"),
     ("sustained, 100 runs/s, 2 replicas, 8 s", "lateness max (ledger)"),
     ("sustained, 100 runs/s, 2 replicas, 8 s", "lateness p99 / max at the broker"),
+    ("sustained, 100 runs/s, 2 replicas, 8 s", "slots dispatched as a run each (ledger)"),
     ("sustained, 100 runs/s, 2 replicas, 8 s", "CPU per 1,000 runs: 2 replicas (+ PostgreSQL)"),
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "lateness p99 (ledger"),
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "lateness max (ledger)"),
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "lateness p99 / max at the broker"),
+    ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "slots dispatched as a run each (ledger)"),
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "claim time at the start / end"),
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "dead tuples of scheduling_run"),
     ("failover, 2 trials", "kill to re-dispatch by another replica, median"),
@@ -85,6 +87,8 @@ OURS = {
     "poll query": rf"^{NUMBER} ms$",
     "claim time": rf"^{NUMBER} ms / {NUMBER} ms \({NUMBER} / {NUMBER} buffers\)$",
     "dead tuples": rf"^{NUMBER}$",
+    "slots dispatched": rf"^{NUMBER} of {NUMBER} \({NUMBER} runs/s\); {NUMBER} coalesced or not"
+    " dispatched$",
     # Acceptance 1 of issue 17: ours loses no run and executes none twice under either fault.
     "duplicate executions": r"^0$",
     "lost runs": r"^0$",
