@@ -23,14 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true",
                         help="small sizes, about a minute; prints the table, writes no doc")
-    parser.add_argument("--output", type=Path, default=DOC,
-                        help="where the full run writes its report (default docs/benchmarks.md)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="where the run writes its report (default: docs/benchmarks.md for"
+                        " a full run of every scenario)")
     parser.add_argument("--only", default="",
-                        help="comma-separated scenarios to run (development; prints the table,"
-                        " writes no doc): idle, burst, memory, lateness_and_storm, failover,"
-                        " guard_cost, history, correctness")
+                        help="comma-separated scenarios to run (development; writes no doc"
+                        " unless --output is given): idle, burst, memory, lateness_and_storm,"
+                        " sustained, mvcc_horizon, failover, guard_cost, history, correctness")
     args = parser.parse_args(argv)
-    command = _command(args.quick)
+    command = _command(args.quick, args.only)
     load_before = env.load_average()
     started = time.monotonic()
 
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from bench import scenarios
         from bench.guard_cost import guard_cost
+        from bench.sustained import mvcc_horizon, sustained
 
         logging.getLogger("scheduling").setLevel(logging.WARNING)  # this process's own planning
 
@@ -53,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             only = {name for name in args.only.split(",") if name}
             for step in (scenarios.idle, scenarios.burst, scenarios.memory,
-                         scenarios.lateness_and_storm, scenarios.failover, guard_cost):
+                         scenarios.lateness_and_storm, sustained, mvcc_horizon, scenarios.failover,
+                         guard_cost):
                 if not only or step.__name__ in only:
                     log(f"{step.__name__} ...")
                     rows += step(bench)
@@ -79,14 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     missed = [f"{r.scenario}: {r.measure}" for r in rows if r.met is False]
     print(f"\n{len(rows)} rows, {len(missed)} targets not met; {duration:.0f} s;"
           f" load average before {load_before}, after {load_after}")
-    if not args.quick and not args.only:  # a partial run never replaces the full run's doc
-        args.output.write_text(_document(rows, plans, setting, command, duration,
-                                         load_before, load_after))
-        print(f"wrote {args.output}")
+    # A partial run never replaces the full run's doc by default.
+    output = args.output or (None if args.quick or args.only else DOC)
+    if output is not None:
+        output.write_text(_document(rows, plans, setting, command, duration,
+                                    load_before, load_after))
+        print(f"wrote {output}")
     return 0
 
 
-def _command(quick: bool) -> str:
+def _command(quick: bool, only: str = "") -> str:
     """The command line, with the environment that chose the database and broker (no secrets)."""
     from urllib.parse import urlsplit
 
@@ -98,7 +103,8 @@ def _command(quick: bool) -> str:
             if url.password:
                 value = value.replace(f":{url.password}@", ":***@", 1)
             parts.append(f"{name}={shlex.quote(value)}")
-    return " ".join([*parts, "python -m bench", *(["--quick"] if quick else [])])
+    options = [*(["--quick"] if quick else []), *([f"--only {only}"] if only else [])]
+    return " ".join([*parts, "python -m bench", *options])
 
 
 def _commit() -> str:
