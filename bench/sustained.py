@@ -29,6 +29,7 @@ from bench import data, scenarios
 from bench.env import Arrivals, cpu_seconds, postgres_cpu_seconds
 from bench.report import Row, median, ms
 from bench.scenarios import (
+    NO_WORKER,
     Bench,
     captured,
     lateness,
@@ -44,11 +45,6 @@ from scheduling.models import Run
 from tests.acceptance.deployment import Deployment, test_database_url
 
 REPLICAS = 2
-#: The replicas' delivery deadline (SCHEDULING_DELIVERY_TIMEOUT, seconds; 300 by default). No
-#: worker consumes these queues, so no run is ever started: past the default deadline a
-#: reconcile pass re-published the newest run of each task (500 extra copies at the broker in a
-#: 10-minute window), which measures the delivery check, not the claim.
-DELIVERY_TIMEOUT = 86_400
 #: Executions of the claim query timed at each end of the horizon's window (their median).
 CLAIM_TIMINGS = 10
 
@@ -102,12 +98,12 @@ def _steady(bench: Bench, label: str, rate: int) -> Iterator[Steady]:
     most), stops the replicas, collects the broker's arrivals and disables the tasks.
     """
     names = [f"replica-{i}" for i in range(1, REPLICAS + 1)]
-    deployment = bench.deployment(label)
+    deployment = bench.deployment(label, **NO_WORKER)
     arrivals = Arrivals(bench.broker, deployment.queue).start()
     task_ids: list[int] = []
     try:
         for name in names:
-            deployment.start_beat(name, SCHEDULING_DELIVERY_TIMEOUT=str(DELIVERY_TIMEOUT))
+            deployment.start_beat(name)
         deployment.wait_ready(*names, timeout=120)
         base = ledger.database_now() + timedelta(seconds=3)
         task_ids = data.interval_tasks(
