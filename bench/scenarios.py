@@ -126,12 +126,12 @@ def burst(bench: Bench) -> list[Row]:
                     stock=stock_text, ratio=f"{floor}{stock / ours[3]:.1f}x faster",
                     target=">= 5x faster", met=stock / ours[3] >= 5))
     cost = costs[3]
-    database = "" if cost.postgres is None else f" + PostgreSQL {_per_thousand(cost.postgres, n)}"
+    database = "" if cost.postgres is None else f" + PostgreSQL {per_thousand(cost.postgres, n)}"
     rows.append(Row(label, "CPU per 1,000 runs: 3 replicas (+ PostgreSQL) vs raw kombu",
-                    f"{_per_thousand(cost.replicas, n)}{database}",
-                    stock=f"{_per_thousand(stock_cpu, stock_sent)} (its beat)" if stock_sent else "",
-                    raw=f"kombu {_per_thousand(raw_cpu, n)}; Celery send_task, no ledger"
-                    f" {_per_thousand(celery_cpu, n)}",
+                    f"{per_thousand(cost.replicas, n)}{database}",
+                    stock=f"{per_thousand(stock_cpu, stock_sent)} (its beat)" if stock_sent else "",
+                    raw=f"kombu {per_thousand(raw_cpu, n)}; Celery send_task, no ledger"
+                    f" {per_thousand(celery_cpu, n)}",
                     ratio=f"{cost.replicas / raw_cpu:.1f}x", target="replicas <= 2x raw",
                     met=cost.replicas <= 2 * raw_cpu))
     return rows
@@ -148,7 +148,7 @@ class BurstCost:
     postgres: float | None
 
 
-def _per_thousand(cpu: float, runs: int) -> str:
+def per_thousand(cpu: float, runs: int) -> str:
     return f"{cpu * 1000 / runs:.2f} CPU s"
 
 
@@ -429,7 +429,7 @@ def _lateness_windows(bench: Bench, crontab_ids: list[int], hog: bool) -> list[R
         )
         a0 = base + timedelta(seconds=2)
         a1 = a0 + timedelta(seconds=s.window)
-        _sleep_until(a1)
+        sleep_until(a1)
         full_before = _full_reconciles(deployment, names)
         rng = random.Random(6)
         edits = 0
@@ -437,7 +437,7 @@ def _lateness_windows(bench: Bench, crontab_ids: list[int], hog: bool) -> list[R
         while ledger.database_now() < b1:
             data.edit_one(crontab_ids, rng)
             edits += 1
-            _sleep_until(a1 + timedelta(seconds=edits))
+            sleep_until(a1 + timedelta(seconds=edits))
         full_during = _full_reconciles(deployment, names) - full_before
         time.sleep(2.0)
     finally:
@@ -449,10 +449,10 @@ def _lateness_windows(bench: Bench, crontab_ids: list[int], hog: bool) -> list[R
         bench.broker.delete(deployment.queue)
     PeriodicTask.objects.filter(pk__in=interval_ids).update(enabled=False)
     label = f"lateness, {s.lateness_tasks:,} tasks/s, 3 replicas, {s.window:.0f} s{beside}"
-    window_a, window_b = _lateness(a0, a1), _lateness(a1, b1)
-    rows = _lateness_rows(label, window_a, seen, p99=0.250 if hog else 0.100)
+    window_a, window_b = lateness(a0, a1), lateness(a1, b1)
+    rows = lateness_rows(label, window_a, seen, p99=0.250 if hog else 0.100)
     storm_label = f"edit storm, {s.storm_tasks:,} crontab tasks, {edits} edits{beside}"
-    storm = _lateness_rows(storm_label, window_b, seen, p99=0.250 if hog else 0.200)[:1]
+    storm = lateness_rows(storm_label, window_b, seen, p99=0.250 if hog else 0.200)[:1]
     if hog:  # the storm's own cost, apart from the hog's: within 2x the same run's window A
         quiet, stormy = percentile(window_a[1], 0.99), percentile(window_b[1], 0.99)
         storm[0].ratio = f"{stormy / quiet:.2f}x window A" if quiet else ""
@@ -463,7 +463,7 @@ def _lateness_windows(bench: Bench, crontab_ids: list[int], hog: bool) -> list[R
     return rows + storm
 
 
-def _sleep_until(at: datetime) -> None:
+def sleep_until(at: datetime) -> None:
     time.sleep(max(0.0, (at - ledger.database_now()).total_seconds()))
 
 
@@ -473,7 +473,7 @@ def _full_reconciles(deployment: Deployment, names: list[str]) -> int:
     )
 
 
-def _lateness(since: datetime, until: datetime) -> tuple[list[tuple], list[float]]:
+def lateness(since: datetime, until: datetime) -> tuple[list[tuple], list[float]]:
     """The scheduled runs with a slot in [since, until), not cancelled, as (task id, slot,
     dispatched at, status); and the lateness of each in seconds (an undispatched run counts as
     late as ``until``)."""
@@ -485,11 +485,12 @@ def _lateness(since: datetime, until: datetime) -> tuple[list[tuple], list[float
     return runs, [((dispatched or until) - slot).total_seconds() for _, slot, dispatched, _ in runs]
 
 
-def _lateness_rows(
+def lateness_rows(
     label: str, window: tuple[list[tuple], list[float]], arrivals: dict[str, list[float]] | None,
-    p99: float,
+    p99: float, max_late: float = 1.0,
 ) -> list[Row]:
-    """The rows of one window (``_lateness``'s runs and their lateness)."""
+    """The rows of one window (``lateness``'s runs and their lateness): the p99 against ``p99``
+    seconds, the max against ``max_late`` seconds (when ``p99`` is under 200 ms), the broker's."""
     runs, late = window
     worst = max(late, default=0.0)
     rows = [
@@ -497,8 +498,8 @@ def _lateness_rows(
             target=f"<= {p99 * 1000:.0f} ms", met=bool(runs) and percentile(late, 0.99) <= p99),
     ]
     if p99 < 0.2:
-        rows.append(Row(label, "lateness max (ledger)", ms(worst), target="<= 1000 ms",
-                        met=bool(runs) and worst <= 1.0))
+        rows.append(Row(label, "lateness max (ledger)", ms(worst),
+                        target=f"<= {max_late * 1000:.0f} ms", met=bool(runs) and worst <= max_late))
     if arrivals is None:
         rows.append(Row(label, "lateness p99 / max at the broker", "n/a for this broker"))
         return rows
@@ -596,14 +597,14 @@ def history(bench: Bench) -> tuple[list[Row], dict[str, str]]:
     due = ledger.database_now() - timedelta(seconds=1)
     data.move_pending(tasks[:100], due)
     queries = {
-        "claim": _captured(lambda: claim_due(100, "default")),
-        "poll": _captured(ledger.poll),
+        "claim": captured(lambda: claim_due(100, "default")),
+        "poll": captured(ledger.poll),
     }
     intended = {"claim": "scheduling_run_pending_due", "poll": "scheduling_run_pending_due"}
     rows, plans = [], {}
     for name, (sql, params) in queries.items():
         plans[name] = _explain(sql, params)
-        timings = [_timed(sql, params, prepared=name == "claim") for _ in range(20)]
+        timings = [timed(sql, params, prepared=name == "claim") for _ in range(20)]
         uses = intended[name] in plans[name]
         rows.append(Row(
             f"ledger with {total:,} finished runs",
@@ -614,7 +615,7 @@ def history(bench: Bench) -> tuple[list[Row], dict[str, str]]:
     return rows, plans
 
 
-def _captured(call) -> tuple[str, list]:
+def captured(call) -> tuple[str, list]:
     """The first SQL statement ``call`` runs, with its parameters; rolled back."""
     seen: list[tuple[str, list]] = []
 
@@ -645,7 +646,7 @@ def _explain(sql: str, params: list) -> str:
         return str(done)
 
 
-def _timed(sql: str, params: list, prepared: bool) -> float:
+def timed(sql: str, params: list, prepared: bool) -> float:
     """Seconds to execute ``sql`` and fetch its rows, in a transaction that commits (the claim
     writes nothing, and a rollback would drop psycopg's prepared statements); ``prepared``:
     as the scheduler sends the claim (``scheduling.ledger.compiled.prepared``), planned once."""
