@@ -333,7 +333,7 @@ def tick_cost(bench: Bench) -> TickCost:
     """Measure idle ticks of a ``LedgerScheduler`` in this process over the tasks there are now.
 
     Its start-up reconcile first (not counted), then ``ticks`` poll-only ticks and a twentieth as
-    many (at least 3) with a reconcile pass forced.
+    many (at least 3) with a reconcile pass forced. Closes this process's database connection.
     """
     from project.celery import app
     from scheduling.schedulers import LedgerScheduler
@@ -346,6 +346,9 @@ def tick_cost(bench: Bench) -> TickCost:
         scheduler._last_reconcile = float("-inf")
 
     passes = _ticks(scheduler, max(3, bench.sizes.ticks // 20), before=force)
+    # The scheduler bounded this process's session (a 5 s statement timeout): the bulk loads
+    # that follow get a session of their own.
+    connection.close()
     return TickCost(poll, passes)
 
 
