@@ -30,10 +30,13 @@ from bench.report import Row, median, ms, percentile
 from bench.scenarios import READY, Bench, close, settled_rss, sleep_until, tick_ratio_row
 from scheduling import ledger
 from scheduling.models import Run
+from tests.acceptance.deployment import Deployment
 
 #: The line a replica logs when a full reconcile pass is over, with what it planned and its time.
 FULL_PASS = re.compile(r"full reconcile: planned (\d+) runs in ([\d.]+) s")
 PRUNED = re.compile(r"built-in prune deleted (\d+) runs")
+#: Seconds a replica's start-up pass is waited for (then the row says it did not finish).
+STARTUP_CAP = 600.0
 
 
 @dataclass(frozen=True)
@@ -99,17 +102,22 @@ def million(bench: Bench) -> list[Row]:
         launched = time.time()
         deployment.start_beat("replica")
         ready = deployment.wait_for_log("replica", READY, timeout=300) - launched
-        passed = deployment.wait_for_log("replica", "full reconcile: planned", timeout=900)
-        startup = passed - launched
-        found = FULL_PASS.search(deployment.log_path("replica").read_text(errors="replace"))
-        pass_seconds = float(found[2]) if found else float("nan")
+        found = _first_full_pass(deployment, launched + STARTUP_CAP)
+        startup = (time.time() - launched) if found else None
         rss, _ = settled_rss(deployment, "replica", bench.sizes.settle)
         edits = _edits(bench, s.edits)
         peak = rss_mb(deployment.processes["replica"].pid)[1]
     finally:
         close(bench, deployment)
-    bench.log(f"  replica: start-up {startup:.1f} s (pass {pass_seconds:.1f} s), RSS {rss:.0f} MB"
-              f" (peak {peak:.0f} MB), edits {[round(e, 3) for e in edits]}")
+    if found is None:
+        failed = deployment.log_path("replica").read_text(errors="replace").count(
+            "reconcile failed")
+        started_text = (f"> {STARTUP_CAP:.0f} s (no full reconcile finished; {failed} failed"
+                        f" passes logged)")
+    else:
+        started_text = f"{startup:.1f} s (beat ready {ready:.1f} s, pass {float(found[2]):.1f} s)"
+    bench.log(f"  replica: start-up {started_text}, RSS {rss:.0f} MB (peak {peak:.0f} MB),"
+              f" edits {[round(e, 3) for e in edits]}")
     label = f"{s.tasks:,} periodic tasks"
     rows = [
         Row(label, "bulk create / plan (this process)", f"{created:.1f} s / {planned:.1f} s"),
@@ -123,9 +131,8 @@ def million(bench: Bench) -> list[Row]:
     else:
         rows.append(tick_ratio_row(high, low, s.tasks, s.baseline))
     rows += [
-        Row(label, "start-up: process start to its first full reconcile done",
-            f"{startup:.1f} s (beat ready {ready:.1f} s, pass {pass_seconds:.1f} s)",
-            target="<= 60 s", met=startup <= 60),
+        Row(label, "start-up: process start to its first full reconcile done", started_text,
+            target="<= 60 s", met=startup is not None and startup <= 60),
         Row(label, "RSS of one replica, settled (peak)", f"{rss:.0f} MB (peak {peak:.0f} MB)",
             target="<= 200 MB", met=peak <= 200),
         Row(label, f"one edit re-planned in the ledger, median / max of {len(edits)}",
@@ -133,6 +140,21 @@ def million(bench: Bench) -> list[Row]:
             met=max(edits) <= 1.0),
     ]
     return rows
+
+
+def _first_full_pass(deployment: Deployment, deadline: float) -> re.Match[str] | None:
+    """Wait for the replica's first "full reconcile" line until ``deadline`` (``time.time()``);
+    return its match (planned runs, seconds), or None (a pass that fails is logged and retried
+    a reconcile interval later)."""
+    path = deployment.log_path("replica")
+    while time.time() < deadline:
+        found = FULL_PASS.search(path.read_text(errors="replace"))
+        if found is not None:
+            return found
+        if not deployment.alive("replica"):
+            raise RuntimeError(f"the replica exited:\n{deployment.tail('replica')}")
+        time.sleep(0.05)
+    return None
 
 
 def _edits(bench: Bench, count: int, timeout: float = 30.0) -> list[float]:
