@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="",
                         help="comma-separated scenarios to run (development; writes no doc"
                         " unless --output is given): idle, burst, memory, lateness_and_storm,"
-                        " sustained, mvcc_horizon, failover, guard_cost, history, correctness")
+                        " sustained, mvcc_horizon, failover, guard_cost, day_ledger, history,"
+                        " million, correctness (day_ledger runs history too: it grows that ledger)")
     args = parser.parse_args(argv)
     command = _command(args.quick, args.only)
     load_before = env.load_average()
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     with env.bench_database(), folder as workdir:
         import logging
 
-        from bench import scenarios
+        from bench import scale, scenarios
         from bench.guard_cost import guard_cost
         from bench.sustained import mvcc_horizon, sustained
 
@@ -54,17 +55,28 @@ def main(argv: list[str] | None = None) -> int:
         rows, plans = [], {}
         try:
             only = {name for name in args.only.split(",") if name}
+
+            def wanted(name: str) -> bool:
+                return not only or name in only
+
             for step in (scenarios.idle, scenarios.burst, scenarios.memory,
                          scenarios.lateness_and_storm, sustained, mvcc_horizon, scenarios.failover,
-                         guard_cost):
-                if not only or step.__name__ in only:
+                         guard_cost, scale.day_ledger, scale.million):
+                if wanted(step.__name__):
                     log(f"{step.__name__} ...")
                     rows += step(bench)
-            if not only or "history" in only:
+            # After day_ledger, whose prune would delete the historical runs; after million,
+            # whose replica would claim the runs the history makes due.
+            if wanted("history") or wanted("day_ledger"):
                 log("history ...")
                 history_rows, plans = scenarios.history(bench)
                 rows += history_rows
-            if not only or "correctness" in only:  # last: it disables every periodic task
+            if wanted("day_ledger"):
+                log("day_ledger: the history grown ...")
+                grown_rows, grown_plans = scale.history_growth(bench)
+                rows += grown_rows
+                plans.update(grown_plans)
+            if wanted("correctness"):  # last: it disables every periodic task
                 from bench.correctness import correctness
 
                 log("correctness ...")

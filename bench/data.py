@@ -57,6 +57,9 @@ def plan() -> int:
     with connection.cursor() as cursor:  # what autovacuum does soon after such a bulk load
         cursor.execute("VACUUM ANALYZE scheduling_run")
         cursor.execute("VACUUM ANALYZE django_celery_beat_periodictask")
+        # The change log's entries just deleted: every pass reads that table, and a million
+        # dead rows made reading it take a second.
+        cursor.execute("VACUUM ANALYZE scheduling_schedulechange")
     return planned
 
 
@@ -112,22 +115,28 @@ def forget_runs(task_ids: list[int]) -> None:
     Run.objects.filter(periodic_task_id__in=task_ids).exclude(status=Run.Status.PENDING).delete()
 
 
-def historical_runs(total: int, task_ids: list[int], chunk: int = 250_000) -> float:
+def historical_runs(
+    total: int, task_ids: list[int], chunk: int = 250_000, *, start: int = 0, vacuum: bool = True
+) -> float:
     """Insert ``total`` finished runs of ``task_ids`` set-based (generate_series); return seconds.
+
+    ``start``: the number of historical runs already inserted, to grow the same history (row
+    numbers, so task ids and slots, go on from there). ``vacuum=False`` leaves out the VACUUM
+    ANALYZE that otherwise follows, for a caller that inserts in several calls.
 
     Slots go back one minute per run of a task from a day ago; 97% succeeded, 2% failed, 1%
     cancelled. Task ids are UUID-shaped and ordered by row number (like UUIDv7), so the two
     task id indexes grow at their right edge: random ids made the load several times slower
     and change nothing in the claim and poll plans, which never read those indexes. VACUUM
-    ANALYZE follows (what autovacuum does after such a load).
+    ANALYZE follows (what autovacuum does after such a load) unless ``vacuum`` is False.
     """
     import time
 
     started = time.perf_counter()
     ids = sorted(task_ids)
     base = ledger.database_now() - timedelta(days=1)
-    for low in range(0, total, chunk):
-        high = min(total, low + chunk)
+    for low in range(start, start + total, chunk):
+        high = min(start + total, low + chunk)
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 """
@@ -150,8 +159,9 @@ def historical_runs(total: int, task_ids: list[int], chunk: int = 250_000) -> fl
                 """,
                 [TASK, low, high - 1, ids, len(ids), base],
             )
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE scheduling_run")
+    if vacuum:
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE scheduling_run")
     return time.perf_counter() - started
 
 

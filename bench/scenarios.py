@@ -72,6 +72,10 @@ class Bench:
         self.sizes, self.workdir, self.log = sizes, workdir, log
         self.broker = Broker()
         self.pool: list[int] = []  # interval tasks, one day apart, planned
+        #: Idle tick cost by number of tasks, as ``idle`` measured it (``bench.scale`` compares).
+        self.tick_costs: dict[int, TickCost] = {}
+        #: Claim and poll seconds by number of historical runs, as ``ledger_queries`` timed them.
+        self.query_times: dict[int, dict[str, float]] = {}
 
     def grow_pool(self, size: int) -> None:
         """Have ``size`` planned interval tasks (every day) in the pool."""
@@ -307,50 +311,89 @@ def _ticks(scheduler, count: int, before=None) -> tuple[float, float, float]:
     return median(queries), median(db), median(wall)
 
 
+@dataclass(frozen=True)
+class TickCost:
+    """Idle ticks of one scheduler: the medians (queries, database seconds, wall seconds) of a
+    poll-only tick and of a tick with a reconcile pass, and both amortized over
+    ``TICKS_PER_RECONCILE`` ticks (one pass among them, as at the defaults)."""
+
+    poll: tuple[float, float, float]
+    passes: tuple[float, float, float]
+
+    @property
+    def queries(self) -> float:
+        every = TICKS_PER_RECONCILE
+        return ((every - 1) * self.poll[0] + self.passes[0]) / every
+
+    @property
+    def db(self) -> float:
+        every = TICKS_PER_RECONCILE
+        return ((every - 1) * self.poll[1] + self.passes[1]) / every
+
+    def describe(self) -> str:
+        return (f"{self.queries:.2f} q, {ms(self.db)} (poll {self.poll[0]:.0f} q"
+                f" {ms(self.poll[1])}; reconcile {self.passes[0]:.0f} q {ms(self.passes[1])})")
+
+
+def tick_cost(bench: Bench) -> TickCost:
+    """Measure idle ticks of a ``LedgerScheduler`` in this process over the tasks there are now.
+
+    Its start-up reconcile first (not counted), then ``ticks`` poll-only ticks and a twentieth as
+    many (at least 3) with a reconcile pass forced. Closes this process's database connection.
+    """
+    from project.celery import app
+    from scheduling.schedulers import LedgerScheduler
+
+    scheduler = LedgerScheduler(app=app)
+    scheduler.tick()  # the startup reconcile
+    poll = _ticks(scheduler, bench.sizes.ticks)
+
+    def force() -> None:
+        scheduler._last_reconcile = float("-inf")
+
+    passes = _ticks(scheduler, max(3, bench.sizes.ticks // 20), before=force)
+    # The scheduler bounded this process's session (a 5 s statement timeout): the bulk loads
+    # that follow get a session of their own.
+    connection.close()
+    return TickCost(poll, passes)
+
+
 def idle(bench: Bench) -> list[Row]:
     """Queries and database time per tick with nothing due, at three sizes; stock beside it."""
     from django_celery_beat.schedulers import DatabaseScheduler
 
     from project.celery import app
-    from scheduling.schedulers import LedgerScheduler
 
-    rows, amortized = [], {}
+    rows = []
     for size in bench.sizes.idle:
         bench.grow_pool(size)
         # The bulk load just written (tasks, runs, VACUUM ANALYZE) is still being flushed to
         # disk: measure the steady state an idle replica sees, not that aftermath.
         time.sleep(bench.sizes.settle / 2)
-        scheduler = LedgerScheduler(app=app)
-        scheduler.tick()  # the startup reconcile
-        poll = _ticks(scheduler, bench.sizes.ticks)
-
-        def force() -> None:
-            scheduler._last_reconcile = float("-inf")
-
-        passes = _ticks(scheduler, max(3, bench.sizes.ticks // 20), before=force)
-        every = TICKS_PER_RECONCILE
-        queries = ((every - 1) * poll[0] + passes[0]) / every
-        db = ((every - 1) * poll[1] + passes[1]) / every
-        amortized[size] = db
+        cost = bench.tick_costs[size] = tick_cost(bench)
         stock = DatabaseScheduler(app=app)
         stock.tick()  # the initial read of every task
         stock_tick = _ticks(stock, max(3, bench.sizes.ticks // 10))  # each one is slow
         rows.append(Row(
             f"idle tick, {size:,} tasks",
             "queries / DB time per tick (1 reconcile pass per 60 ticks)",
-            f"{queries:.2f} q, {ms(db)} (poll {poll[0]:.0f} q {ms(poll[1])};"
-            f" reconcile {passes[0]:.0f} q {ms(passes[1])})",
+            cost.describe(),
             stock=f"{stock_tick[0]:.2f} q, {ms(stock_tick[1])} (tick {ms(stock_tick[2])} CPU)",
-            target="<= 2 queries per tick", met=queries <= 2,
+            target="<= 2 queries per tick", met=cost.queries <= 2,
         ))
         bench.log(f"  idle {size}: {rows[-1].ours} | stock {rows[-1].stock}")
         del stock
     low, high = bench.sizes.idle[0], bench.sizes.idle[-1]
-    ratio = amortized[high] / amortized[low]
-    rows.append(Row(f"idle tick, {high:,} vs {low:,} tasks", "DB time per tick ratio",
-                    f"{ms(amortized[high])} / {ms(amortized[low])}", ratio=f"{ratio:.2f}x",
-                    target="<= 1.5x", met=ratio <= 1.5))
+    rows.append(tick_ratio_row(bench.tick_costs[high], bench.tick_costs[low], high, low))
     return rows
+
+
+def tick_ratio_row(high: TickCost, low: TickCost, high_size: int, low_size: int) -> Row:
+    """The row comparing the amortized database time per tick at two numbers of tasks."""
+    ratio = high.db / low.db
+    return Row(f"idle tick, {high_size:,} vs {low_size:,} tasks", "DB time per tick ratio",
+               f"{ms(high.db)} / {ms(low.db)}", ratio=f"{ratio:.2f}x", target="<= 1.5x",
+               met=ratio <= 1.5)
 
 
 # 5. Memory --------------------------------------------------------------------------------------
@@ -365,7 +408,7 @@ def memory(bench: Bench) -> list[Row]:
         deployment.start_beat("replica")
         _start_stock(deployment, "stock")
         _ready(deployment, "replica", "stock")
-        peaks = {name: _settled_rss(deployment, name, bench.sizes.settle) for name in
+        peaks = {name: settled_rss(deployment, name, bench.sizes.settle) for name in
                  ("replica", "stock")}
     finally:
         close(bench, deployment)
@@ -378,7 +421,7 @@ def memory(bench: Bench) -> list[Row]:
                 met=ours[1] <= 150)]
 
 
-def _settled_rss(deployment: Deployment, name: str, settle: float) -> tuple[float, float]:
+def settled_rss(deployment: Deployment, name: str, settle: float) -> tuple[float, float]:
     """RSS and peak RSS (MiB) once the process's RSS has not grown for ``settle`` seconds."""
     pid = deployment.processes[name].pid
     last, steady_since = 0.0, time.monotonic()
@@ -603,15 +646,26 @@ def history(bench: Bench) -> tuple[list[Row], dict[str, str]]:
     bench.log(f"  {total:,} historical runs inserted in {took:.0f} s")
     due = ledger.database_now() - timedelta(seconds=1)
     data.move_pending(tasks[:100], due)
+    return ledger_queries(bench, total)
+
+
+def ledger_queries(bench: Bench, total: int) -> tuple[list[Row], dict[str, str]]:
+    """Time the claim (100 runs due) and poll queries over the ledger as it is, ``total``
+    historical runs in it; their rows and EXPLAIN (ANALYZE, BUFFERS) plans.
+
+    The medians are kept in ``bench.query_times[total]``.
+    """
     queries = {
         "claim": captured(lambda: claim_due(100, "default")),
         "poll": captured(ledger.poll),
     }
     intended = {"claim": "scheduling_run_pending_due", "poll": "scheduling_run_pending_due"}
     rows, plans = [], {}
+    times = bench.query_times.setdefault(total, {})
     for name, (sql, params) in queries.items():
         plans[name] = _explain(sql, params)
         timings = [timed(sql, params, prepared=name == "claim") for _ in range(20)]
+        times[name] = median(timings)
         uses = intended[name] in plans[name]
         rows.append(Row(
             f"ledger with {total:,} finished runs",
