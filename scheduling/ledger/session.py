@@ -231,10 +231,31 @@ def reconcile_turn(using: str | None = None) -> Iterator[bool]:
         mine = cursor.fetchone()[0]
     try:
         yield mine
-    finally:
+    except BaseException:
         if mine:
-            with connections[alias].cursor() as cursor:
-                cursor.execute(queries["advisory_unlock"], [RECONCILE_LOCK])
+            _unlock_unwinding(alias)
+        raise
+    if mine:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(queries["advisory_unlock"], [RECONCILE_LOCK])
+
+
+def _unlock_unwinding(alias: str) -> None:
+    """Release the reconcile turn while an exception unwinds the pass, never replacing it.
+
+    A stop's SystemExit can leave the session with the interrupted statement's result unread
+    (psycopg then refuses any statement: "another command is already in progress"); raising that
+    here would replace the SystemExit, and beat would go on ticking, never stopping. The turn is
+    then freed when the stop closes the session (``ready_for_stop``), or by the next unlock.
+    """
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(queries["advisory_unlock"], [RECONCILE_LOCK])
+    except Exception as exc:  # noqa: BLE001 - the exception in flight is the one to raise
+        logger.info(
+            "reconcile turn not released while unwinding (%s); the session's end frees it", exc,
+            extra={"action": "turn_release_deferred"},
+        )
 
 
 @contextmanager

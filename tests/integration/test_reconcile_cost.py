@@ -256,3 +256,30 @@ def test_a_pass_whose_session_the_server_ended_is_not_counted_as_made(
     scheduler.tick()  # reconnects and makes the pass
     assert Run.objects.pending().filter(periodic_task=task).count() == 1
     assert scheduler._marker == ledger.poll().change_marker
+
+
+def test_a_stop_unwinding_a_pass_on_a_busy_session_keeps_its_system_exit(raw_connection):
+    """Seen in a benchmark: SIGTERM mid-pass left the interrupted statement's result unread; the
+    turn's release then failed ("another command is already in progress") and replaced beat's
+    SystemExit, so the replica went on ticking until SIGKILL. The stop must win; the turn is
+    freed with the session."""
+    with pytest.raises(SystemExit):
+        with ledger.reconcile_turn() as mine:
+            assert mine is True
+            connection.ensure_connection()
+            connection.connection.pgconn.send_query(b"SELECT pg_sleep(0.2)")  # left unread
+            raise SystemExit
+    with raw_connection.cursor() as other:  # still held: the session lives on
+        other.execute("SELECT pg_try_advisory_lock(%s)", [RECONCILE_LOCK])
+        assert other.fetchone() == (False,)
+    connection.close()  # what the stop does with a busy session (ready_for_stop)
+    with raw_connection.cursor() as other:
+        deadline = time.monotonic() + 10  # the server frees it once the backend has exited
+        while True:
+            other.execute("SELECT pg_try_advisory_lock(%s)", [RECONCILE_LOCK])
+            if other.fetchone() == (True,) or time.monotonic() > deadline:
+                break
+            raw_connection.rollback()
+            time.sleep(0.05)
+        other.execute("SELECT pg_advisory_unlock(%s)", [RECONCILE_LOCK])
+        assert other.fetchone() == (True,)
