@@ -233,15 +233,14 @@ def reconcile_turn(using: str | None = None) -> Iterator[bool]:
         yield mine
     except BaseException:
         if mine:
-            _unlock_unwinding(alias)
+            _release_turn(alias, unwinding=True)
         raise
     if mine:
-        with connections[alias].cursor() as cursor:
-            cursor.execute(queries["advisory_unlock"], [RECONCILE_LOCK])
+        _release_turn(alias, unwinding=False)
 
 
-def _unlock_unwinding(alias: str) -> None:
-    """Release the reconcile turn while an exception unwinds the pass, never replacing it.
+def _release_turn(alias: str, unwinding: bool) -> None:
+    """Release the reconcile turn; while an exception unwinds the pass, never replace it.
 
     A stop's SystemExit can leave the session with the interrupted statement's result unread
     (psycopg then refuses any statement: "another command is already in progress"); raising that
@@ -252,6 +251,8 @@ def _unlock_unwinding(alias: str) -> None:
         with connections[alias].cursor() as cursor:
             cursor.execute(queries["advisory_unlock"], [RECONCILE_LOCK])
     except Exception as exc:  # noqa: BLE001 - the exception in flight is the one to raise
+        if not unwinding:
+            raise
         logger.info(
             "reconcile turn not released while unwinding (%s); the session's end frees it", exc,
             extra={"action": "turn_release_deferred"},
