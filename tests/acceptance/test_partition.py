@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ import pytest
 from scheduling.ledger.session import keepalives
 from tests import netns
 from tests.acceptance.deployment import ROOT, Deployment, wait_until
+from tests.acceptance import private_redis
 from tests.acceptance.private_postgres import PrivatePostgres
 
 # Its own PostgreSQL and Redis, whatever the suite's are: `.ci/run`'s first pass runs it.
@@ -78,12 +78,6 @@ def _require(reason: str | None) -> None:
     pytest.skip(reason)
 
 
-def _free_port(address: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def network():
     """A node namespace behind a router (``tests.netns``), deleted at the end whatever happens."""
@@ -98,7 +92,7 @@ def network():
 @pytest.fixture
 def pg(network):
     """This test's PostgreSQL, listening on the root end of the network, migrated."""
-    server = PrivatePostgres(listen=(network.database, _free_port(network.database)))
+    server = PrivatePostgres(listen=(network.database, private_redis.free_port(network.database)))
     try:
         server.manage("migrate", "--verbosity", "0")
         yield server
@@ -109,29 +103,9 @@ def pg(network):
 @pytest.fixture
 def redis_url(network, tmp_path):
     """A Redis of this test's own on the root end of the network (no persistence)."""
-    binary = shutil.which("redis-server")
-    _require(None if binary else "redis-server is missing (apt-get install -y redis-server)")
-    port = _free_port(network.broker)
-    process = subprocess.Popen(
-        [binary, "--bind", network.broker, "--port", str(port), "--save", "", "--appendonly",
-         "no", "--protected-mode", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_until(lambda: _answers(network.broker, port), timeout=30)
-        yield f"redis://{network.broker}:{port}/0"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def _answers(address: str, port: int) -> bool:
-    try:
-        with socket.create_connection((address, port), timeout=1) as conn:
-            conn.sendall(b"PING\r\n")
-            return conn.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
+    _require(None if shutil.which("redis-server") else private_redis.MISSING)
+    with private_redis.private_redis(tmp_path, network.broker) as url:
+        yield url
 
 
 def _now(pg: PrivatePostgres) -> datetime:
