@@ -187,7 +187,8 @@ class Conf:
         "Seconds between two built-in prune passes of a replica."
     ))
     prune_batch_size = Setting(500, int, (
-        "Most runs one built-in prune transaction deletes (one batch per idle tick)."
+        "Most runs one built-in prune transaction deletes (one batch per idle tick; on a busy "
+        "replica, one batch in at most a tenth of its time)."
     ))
     success_deadline = Setting(None, _optional_seconds, (
         "Missed-run alerts: a scheduled run that has not succeeded this many seconds after its "

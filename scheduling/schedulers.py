@@ -163,8 +163,9 @@ class LedgerScheduler(DatabaseScheduler):
             poll = ledger.poll()
         wait = poll.seconds_until_due()
         if wait is None or wait > 0:
-            if wait is None or wait > 0.25:
-                self._prune.step()  # one small batch when configured and due, outside any claim
+            # One small batch when configured and due, outside any claim; when a run is due within
+            # a quarter second, within the prune's share of a busy replica's time.
+            self._prune.step(busy=wait is not None and wait <= 0.25)
             return min(self.max_interval, wait if wait is not None else self.max_interval)
         self._connected_producer()  # reach the broker before taking any lock
         with _stop_signals_deferred(), self._publish_batch() as buffered:
@@ -175,6 +176,7 @@ class LedgerScheduler(DatabaseScheduler):
         self.heartbeat.claimed(len(dispatched))
         metrics.observe_claim(dispatched, self.replica_id, time.monotonic() - started)
         signals.announce_finished(*(d.task_id for d in dispatched if d.status in _ENDED))
+        self._prune.step(busy=True)  # a replica never idle prunes too (retention.BUSY_SHARE)
         # More may be due (a full batch) or planned already due (a catching-up interval): look
         # again at once. Runs locked by other replicas are theirs; come back after a short nap.
         return 0.0 if dispatched else min(self.max_interval, 0.05)

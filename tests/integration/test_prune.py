@@ -205,3 +205,50 @@ def test_a_replica_prunes_in_batches_on_idle_ticks(make_task, settings):
     scheduler.tick()
     assert set(old) & _ids() == set()
     assert Run.objects.pending().filter(periodic_task=task).count() == 1
+
+
+def test_a_busy_replica_prunes_within_a_tenth_of_its_time(make_task, settings):
+    """Busy steps (a run due now) delete a batch only after the prune rested nine times as long
+    as its last batch took; an idle step deletes whenever a pass is under way."""
+    runs = _seed(make_task)
+    deleted = _expected_deleted(runs, timedelta(days=30), keep_last=0)
+    settings.SCHEDULING_PRUNE_OLDER_THAN = "30d"
+    settings.SCHEDULING_PRUNE_BATCH_SIZE = 10
+    calls = iter(range(1, 10_000))  # each reading of the clock one unit later: a batch takes 1
+    pruner = BuiltinPrune(clock=lambda: next(calls))
+    sizes = []
+    for _ in range(28):
+        left = len(_ids())
+        pruner.step(busy=True)
+        sizes.append(left - len(_ids()))
+    # Batches at the 1st, 10th, 19th and 28th busy step: 1 unit of work, then 9 of rest.
+    assert sizes == ([10] + [0] * 8) * 3 + [10]
+    left = len(_ids())
+    pruner.step()  # idle: no rest
+    assert left - len(_ids()) == 10
+    assert len(deleted) > 50  # the pass was not over: every batch was full
+
+
+def test_a_replica_with_a_run_due_at_every_tick_prunes_too(make_task, settings):
+    """The benchmark's day ledger: at 1,000 runs/s no tick was idle and nothing was pruned."""
+    from project.celery import app
+    from scheduling.schedulers import LedgerScheduler
+
+    settings.SCHEDULING_PRUNE_OLDER_THAN = "30d"
+    settings.SCHEDULING_PRUNE_BATCH_SIZE = 2
+    settings.SCHEDULING_BATCH_SIZE = 1
+    now = ledger.database_now()
+    tasks = [make_task(every=3600, name=f"due-{i}", start_time=now - timedelta(seconds=1))
+             for i in range(3)]
+    old = [
+        Run.objects.create(
+            periodic_task=tasks[0], periodic_task_name=tasks[0].name, task=tasks[0].task,
+            scheduled_for=now - DAY * (40 + i), status=Run.Status.SUCCEEDED,
+            task_id=str(uuid.uuid4()), finished_at=now - DAY * (40 + i),
+        ).pk
+        for i in range(3)
+    ]
+    scheduler = LedgerScheduler(app=app)
+    assert scheduler.tick() == 0.0  # it claimed one of the due runs: more may be due
+    assert Run.objects.filter(status=Run.Status.DISPATCHED).count() == 1
+    assert len(set(old) & _ids()) == 1  # and deleted a batch after the claim
