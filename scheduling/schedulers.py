@@ -84,6 +84,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._overdue = OverdueWatch(self.replica_id)
         self._lost = ledger.LostExecutions(conf.worker_lost_after)
         self._settled = ledger.SettledChanges()
+        self._book = ledger.TaskBook()  # what the claims owe the task rows (last_run_at, ...)
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
@@ -109,7 +110,8 @@ class LedgerScheduler(DatabaseScheduler):
         """Add nothing: result cleanup is configured like any other periodic task."""
 
     def sync(self) -> None:
-        """Nothing to write back: every dispatch is committed when it happens."""
+        """Nothing to write back here: every dispatch is committed when it happens, and the
+        tasks' bookkeeping columns are written by ``tick`` and ``close`` (``ledger.TaskBook``)."""
 
     def close(self) -> None:
         """Record a clean shutdown in the replica's heartbeat row, then close as beat does.
@@ -124,6 +126,7 @@ class LedgerScheduler(DatabaseScheduler):
         the first found it busy or inside a transaction whose rollback would undo the write.
         """
         if ledger.ready_for_stop():
+            self._book.flush()  # never raises
             self.heartbeat.stop()
         super().close()
 
@@ -149,6 +152,7 @@ class LedgerScheduler(DatabaseScheduler):
         if self._failures and self._failing != "broker":
             self._recovered()
         self._overdue.step()  # missed-run alerts, outside any claim; never raises
+        self._book.step()  # the tasks' last_run_at/total_run_count every few seconds; never raises
         self.heartbeat.beat()  # display only, after the claim committed; never raises
         return delay
 
@@ -194,6 +198,7 @@ class LedgerScheduler(DatabaseScheduler):
             batch_size=conf.batch_size,
             grace=grace,
             flush=flush,
+            book=self._book,
         )
 
     def _take_turn(self, poll: ledger.Poll, grace: timedelta) -> bool:

@@ -11,6 +11,7 @@ One module per concept, each the only writer of what it names:
 - ``delivery``: dispatched runs no worker started, and lost runs to recover, published again;
 - ``compiled``: the claim query compiled once and sent prepared (Django/psycopg internals);
 - ``writes``: bulk inserts and updates of runs and tasks;
+- ``bookkeeping``: the tasks' ``last_run_at``/``total_run_count``, written in batches;
 - ``manual``: manual runs and backfills;
 - ``pausing``: pause and resume a task (who, when, why; one skipped run for the slots passed);
 - ``execution``: the worker side (start, duplicate guard decision, outcome);
@@ -25,6 +26,7 @@ surface; modules outside the package import them from here.
 """
 
 from scheduling.clock import ClockTimestamp, StatementTimestamp, database_now
+from scheduling.ledger.bookkeeping import TaskBook
 from scheduling.ledger.changes import CHANGE_RETENTION, SettledChanges, note_unplanned
 from scheduling.ledger.claim import FLUSH_EVERY, Dispatched, Publish, claim_and_dispatch
 from scheduling.ledger.delivery import Redelivered, Republisher, redeliver
@@ -76,6 +78,7 @@ __all__ = [
     "Republisher",
     "SettledChanges",
     "StatementTimestamp",
+    "TaskBook",
     "acting",
     "application_name",
     "backfill",

@@ -22,6 +22,7 @@ from scheduling import slots
 from scheduling.conf import conf
 from scheduling.durations import seconds
 from scheduling.exceptions import PublishFailed, RunRejected, ScheduleError
+from scheduling.ledger.bookkeeping import TaskBook
 from scheduling.ledger.changes import note_unplanned
 from scheduling.ledger.compiled import ClaimedRun, CompiledClaim, due
 from scheduling.ledger.planning import LOAD_ERRORS, TASK_RELATED
@@ -72,6 +73,7 @@ def claim_and_dispatch(
     batch_size: int,
     grace: timedelta,
     flush: Callable[[], None] | None = None,
+    book: TaskBook | None = None,
     using: str = "default",
 ) -> list[Dispatched]:
     """Claim due pending runs, publish them, mark them dispatched, plan the next; one transaction.
@@ -83,6 +85,10 @@ def claim_and_dispatch(
     one Redis pipeline); it is called after every FLUSH_EVERY published runs and after the last,
     before the ledger writes, and each run's ``dispatched_at`` is the moment its flush returned,
     so lateness is measured to the broker. Its errors roll the claim back like a publish error.
+    ``book``, when given, takes the ``last_run_at``/``total_run_count`` of the dispatched runs'
+    tasks once the claim committed (``bookkeeping.TaskBook``: the replica writes them later);
+    without it they are written in the claim. A task whose schedule the claim ended is written
+    in the claim either way (``enabled`` off with the commit).
     Returns what was committed; an empty list when nothing was due or every due run is being
     claimed by another replica.
 
@@ -169,10 +175,13 @@ def claim_and_dispatch(
         update_runs([item.run for item in claimed], _CLAIM_FIELDS, using)
         insert_runs(missed, using)
         insert_pending(following, using)
-        update_tasks(task_updates, using)
+        owed = {pk: u for pk, u in task_updates.items() if book is not None and not u.disable}
+        update_tasks({pk: u for pk, u in task_updates.items() if pk not in owed}, using)
         if unplanned:
             note_unplanned(unplanned, using)
         _link_pauses(claimed, using)
+    if book is not None:
+        book.add(owed)
     result = [_dispatched(item) for item in claimed]
     for done in result:
         _log(done, replica_id)
