@@ -257,9 +257,18 @@ class ClaimTime:
 
 
 def _claim_time() -> ClaimTime:
-    """Time the claim query, as a replica sends it, with what is due now."""
-    sql, params = captured(lambda: claim_due(conf.batch_size, "default"))
-    seconds = median([timed(sql, params, prepared=True) for _ in range(CLAIM_TIMINGS)])
+    """Time the claim query, as a replica sends it, with what is due now: from the due floor a
+    full poll sets (``ledger.DueFloor``), on a generic plan."""
+    poll, floor = ledger.poll(), ledger.DueFloor()
+    floor.seen(poll.now, poll.next_due, full=True)
+    sql, params = captured(lambda: claim_due(conf.batch_size, "default", floor.value))
+    with connection.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")  # as a replica's session
+    try:
+        seconds = median([timed(sql, params, prepared=True) for _ in range(CLAIM_TIMINGS)])
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET plan_cache_mode")
     with transaction.atomic(), connection.cursor() as cursor:  # rolled back: no claim kept
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
         result = cursor.fetchone()[0]

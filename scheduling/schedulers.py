@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
@@ -85,6 +85,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._lost = ledger.LostExecutions(conf.worker_lost_after)
         self._settled = ledger.SettledChanges()
         self._book = ledger.TaskBook()  # what the claims owe the task rows (last_run_at, ...)
+        self._floor = ledger.DueFloor()  # where the poll and the claim start their scans
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
@@ -159,12 +160,15 @@ class LedgerScheduler(DatabaseScheduler):
     def _tick(self) -> float:
         ledger.configure_session()
         grace = timedelta(seconds=conf.misfire_grace_seconds)
-        poll = ledger.poll()
+        poll, floor = self._poll()
         stale = poll.change_marker != self._marker or (
             time.monotonic() - self._last_reconcile >= conf.reconcile_interval
         )
-        if (stale or self._turn_awaited_since is not None) and self._take_turn(poll, grace):
-            poll = ledger.poll()
+        if stale or self._turn_awaited_since is not None:
+            # A pass, this replica's or another's, may plan runs due in the past: below the floor.
+            self._floor.drop()
+            if self._take_turn(poll, grace) or floor is not None:
+                poll, _ = self._poll()
         wait = poll.seconds_until_due()
         if wait is None or wait > 0:
             # One small batch when configured and due, outside any claim; when a run is due within
@@ -199,7 +203,19 @@ class LedgerScheduler(DatabaseScheduler):
             grace=grace,
             flush=flush,
             book=self._book,
+            floor=self._floor.value,
         )
+
+    def _poll(self) -> tuple[ledger.Poll, datetime | None]:
+        """``ledger.poll`` from the replica's due floor, and that floor. A poll from no floor
+        sets it, except while the replica awaits its reconcile turn: another replica's pass may
+        then plan runs due in the past at any moment, and every poll reads the whole index."""
+        floor = self._floor.value
+        poll = ledger.poll(floor=floor)
+        self._floor.seen(
+            poll.now, poll.next_due, full=floor is None and self._turn_awaited_since is None
+        )
+        return poll, floor
 
     def _take_turn(self, poll: ledger.Poll, grace: timedelta) -> bool:
         """Reconcile when it is this replica's turn; return whether it did.
@@ -368,6 +384,7 @@ class LedgerScheduler(DatabaseScheduler):
         The database's first line names the server the replica was on (``host:port``).
         """
         self._failures += 1
+        self._floor.drop()  # a failover may bring another server's ledger: read it whole
         error = describe(exc)
         if self._failures == 1 or what != self._failing:
             if what == "database":

@@ -3,6 +3,7 @@
 One module per concept, each the only writer of what it names:
 
 - ``session``: the scheduler session's server-side bounds, the poll, the advisory locks, the stop;
+- ``floor``: where a replica's poll and claim start their scans (dead entries skipped);
 - ``pooler``: a connection pooler in between: telling one is there, and what it keeps;
 - ``changes``: the change log that reconcile passes read;
 - ``reconcile``: cancel what was deleted or disabled, re-plan edits (``planning`` plans);
@@ -38,17 +39,19 @@ from scheduling.ledger.execution import (
     record_retry,
     record_started,
 )
+from scheduling.ledger.floor import DueFloor
 from scheduling.ledger.history import acting, set_actor
 from scheduling.ledger.lost import LostExecutions, close_lost_executions
 from scheduling.ledger.manual import BackfillProgress, backfill, request_run, run_now_refusal
-from scheduling.ledger.pausing import pause, resume
 from scheduling.ledger.overdue import Overdue, mark_overdue
+from scheduling.ledger.pausing import pause, resume
 from scheduling.ledger.planning import plan_missing
 from scheduling.ledger.policy import MISSED_ROWS_LIMIT, MisfireDecision
 from scheduling.ledger.pooler import keeps_prepared, pooled
 from scheduling.ledger.prune import PrunePlan, prune, prune_batch, prune_counts, prune_plan
 from scheduling.ledger.reconcile import reconcile, replan_edited
 from scheduling.ledger.session import (
+    NO_FLOOR,
     Poll,
     application_name,
     beat_schedule_sync,
@@ -64,9 +67,11 @@ __all__ = [
     "CHANGE_RETENTION",
     "FLUSH_EVERY",
     "MISSED_ROWS_LIMIT",
+    "NO_FLOOR",
     "BackfillProgress",
     "ClockTimestamp",
     "Dispatched",
+    "DueFloor",
     "Execution",
     "LostExecutions",
     "MisfireDecision",

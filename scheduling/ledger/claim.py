@@ -27,6 +27,7 @@ from scheduling.ledger.changes import note_unplanned
 from scheduling.ledger.compiled import ClaimedRun, CompiledClaim, due
 from scheduling.ledger.planning import LOAD_ERRORS, TASK_RELATED
 from scheduling.ledger.policy import MisfireDecision, misfire, one_off_misfire, overlap
+from scheduling.ledger.session import NO_FLOOR
 from scheduling.ledger.writes import (
     ERROR_LIMIT,
     TaskUpdate,
@@ -74,6 +75,7 @@ def claim_and_dispatch(
     grace: timedelta,
     flush: Callable[[], None] | None = None,
     book: TaskBook | None = None,
+    floor: datetime | None = None,
     using: str = "default",
 ) -> list[Dispatched]:
     """Claim due pending runs, publish them, mark them dispatched, plan the next; one transaction.
@@ -88,7 +90,8 @@ def claim_and_dispatch(
     ``book``, when given, takes the ``last_run_at``/``total_run_count`` of the dispatched runs'
     tasks once the claim committed (``bookkeeping.TaskBook``: the replica writes them later);
     without it they are written in the claim. A task whose schedule the claim ended is written
-    in the claim either way (``enabled`` off with the commit).
+    in the claim either way (``enabled`` off with the commit). ``floor``: runs due before it are
+    not claimed (the replica's ``DueFloor``; None: every due run).
     Returns what was committed; an empty list when nothing was due or every due run is being
     claimed by another replica.
 
@@ -107,7 +110,7 @@ def claim_and_dispatch(
     claim query loads the policy and the newest unfinished run's dispatch time with each row.
     """
     with transaction.atomic(using=using):
-        claimed = claim_due(batch_size, using)
+        claimed = claim_due(batch_size, using, floor)
         if not claimed:
             return []
         _load_pauses(claimed, using)
@@ -260,8 +263,11 @@ def _flush(flush: Callable[[], None], runs: list[Run]) -> None:
         raise PublishFailed(f"cannot publish runs {ids}: {exc}{cause}") from exc
 
 
-def claim_due(batch_size: int, using: str = "default") -> list[ClaimedRun]:
-    """Lock up to ``batch_size`` due pending runs (SKIP LOCKED) with their tasks and policies.
+def claim_due(
+    batch_size: int, using: str = "default", floor: datetime | None = None
+) -> list[ClaimedRun]:
+    """Lock up to ``batch_size`` due pending runs (SKIP LOCKED) with their tasks and policies,
+    due at or after ``floor`` (None: every due run).
 
     A schedule row Django cannot load (an unknown time zone written by raw SQL, say) must not stop
     every other run: on such an error, raised in Python while the rows are turned into models
@@ -270,13 +276,13 @@ def claim_due(batch_size: int, using: str = "default") -> list[ClaimedRun]:
     and the run is recorded failed with that error.
     """
     try:
-        return CompiledClaim.of(batch_size, using).fetch()
+        return CompiledClaim.of(batch_size, using).fetch(floor)
     except LOAD_ERRORS as exc:
         logger.error(
             "a schedule row cannot be loaded (%s); claiming run by run", exc,
             extra={"action": "load_failed"},
         )
-    rows = list(due(using).values_list("pk", "db_now", "busy_since", "pause_id")[:batch_size])
+    rows = list(due(using, floor or NO_FLOOR).values_list("pk", "db_now", "busy_since", "pause_id")[:batch_size])
     runs = Run.objects.using(using).in_bulk([pk for pk, *_ in rows])
     claimed = [
         ClaimedRun(runs[pk], db_now=now, busy_since=since, pause_id=paused)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from django.db import connections
@@ -34,8 +34,12 @@ from scheduling.clock import ClockTimestamp, StatementTimestamp
 from scheduling.conf import conf
 from scheduling.ledger.planning import SCHEDULE_RELATED
 from scheduling.ledger.pooler import keeps_prepared
+from scheduling.ledger.session import NO_FLOOR
 from scheduling.models import Pause, Run, TaskPolicy
 from scheduling.sql import compose
+
+#: The floor the claim is compiled with, to find its parameter; each claim passes its own.
+_FLOOR_MARK = datetime(1, 1, 1, 0, 0, 0, 424242, tzinfo=UTC)
 
 if TYPE_CHECKING:
     from scheduling.ledger.policy import MisfireDecision
@@ -64,18 +68,21 @@ class ClaimedRun:
     missed_after: int = 0
 
 
-def due(using: str = "default") -> QuerySet[Run]:
+def due(using: str = "default", floor: datetime = NO_FLOOR) -> QuerySet[Run]:
     """Due pending runs in claim order, locked with SKIP LOCKED, with the clock and overlap data.
 
     Due is ``due_at`` (the slot plus the task's jitter offset) at or before the statement's
-    database clock, in ``(due_at, id)`` order: the partial index ``scheduling_run_pending_due``.
+    database clock, in ``(due_at, id)`` order: the partial index ``scheduling_run_pending_due``,
+    read from ``floor`` on (a replica's ``DueFloor``; by default from its first entry).
 
     Constants are SQL literals, not parameters, so the prepared statement's generic plan can use
     the partial indexes (a predicate ``status = $1`` cannot prove ``status = 'pending'``).
     """
     return (
         Run.objects.using(using)
-        .filter(status=literal(Run.Status.PENDING), due_at__lte=StatementTimestamp())
+        .filter(
+            status=literal(Run.Status.PENDING), due_at__gte=floor, due_at__lte=StatementTimestamp()
+        )
         .annotate(db_now=ClockTimestamp(), busy_since=_busy_since(), pause_id=_open_pause())
         .order_by("due_at", "pk")
         .select_for_update(skip_locked=True, of=("self",))
@@ -97,12 +104,14 @@ class CompiledClaim:
     """
 
     def __init__(self, batch_size: int, using: str) -> None:
-        queryset = due(using).select_related(
+        queryset = due(using, _FLOOR_MARK).select_related(
             *SCHEDULE_RELATED, "periodic_task__scheduling_policy"
         )[:batch_size]
         self.using = using
         self.compiler = queryset.query.get_compiler(using=using)
-        self.sql, self.params = self.compiler.as_sql()  # also fills select and klass_info
+        self.sql, params = self.compiler.as_sql()  # also fills select and klass_info
+        self.params = list(params)
+        (self._floor_at,) = [i for i, p in enumerate(self.params) if p == _FLOOR_MARK]
         info = self.compiler.klass_info
         start, end = info["select_fields"][0], info["select_fields"][-1] + 1
         self.fields = slice(start, end)
@@ -119,10 +128,14 @@ class CompiledClaim:
             cache[batch_size] = cls(batch_size, using)
         return cache[batch_size]
 
-    def fetch(self) -> list[ClaimedRun]:
-        """Execute the claim (in the caller's transaction); return the locked runs."""
+    def fetch(self, floor: datetime | None = None) -> list[ClaimedRun]:
+        """Execute the claim (in the caller's transaction); return the locked runs.
+
+        ``floor``: the claim's scan starts there (``due``); None: at the first entry."""
+        params = self.params.copy()
+        params[self._floor_at] = floor or NO_FLOOR
         with prepared(self.using), connections[self.using].cursor() as cursor:
-            cursor.execute(self.sql, self.params)
+            cursor.execute(self.sql, params)
             rows = cursor.fetchall()
         claimed = []
         now, since = self.annotations["db_now"], self.annotations["busy_since"]

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -27,6 +27,9 @@ from scheduling.ledger import pooler
 from scheduling.sql import BEAT_SCHEDULE_LOCK, RECONCILE_LOCK, queries
 
 logger = logging.getLogger(__name__)
+
+#: The floor of a scan that starts at the first entry (before every due moment).
+NO_FLOOR = datetime(1, 1, 2, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -199,16 +202,17 @@ def application_name(replica_id: str) -> str:
     return f"scheduling-beat:{replica_id}".encode()[:63].decode(errors="ignore")
 
 
-def poll(using: str = "default") -> Poll:
+def poll(using: str = "default", floor: datetime | None = None) -> Poll:
     """Return the database clock, the earliest pending run's slot and the edit marker, in one query.
 
     This is the whole cost of an idle tick, whatever the number of periodic tasks: the earliest
     pending run is the first entry of the partial index on pending runs (``ORDER BY ... LIMIT 1``
     reads one entry whatever the table's statistics say; ``min()`` may be planned as a scan of
-    the whole index while the statistics are stale).
+    the whole index while the statistics are stale). With ``floor`` (aware datetime: a replica's
+    ``DueFloor``) the scan starts there, and runs due before it are not seen.
     """
     with connections[using].cursor() as cursor:
-        cursor.execute(queries["poll"])
+        cursor.execute(queries["poll"], [floor or NO_FLOOR])
         now, next_due, marker = cursor.fetchone()
     return Poll(now=now, next_due=next_due, change_marker=marker)
 

@@ -10,8 +10,10 @@
 -- session_bounds --
 -- A scheduler session's server-side bounds (invariant 8: a frozen replica's claim ends within
 -- the idle-in-transaction timeout), its TCP keepalives and user timeout (a replica cut off
--- silently: session.Keepalives) and its application_name.
-SELECT set_config('idle_in_transaction_session_timeout', %s, false),
+-- silently: session.Keepalives) and its application_name. Its one prepared statement with a
+-- parameter, the claim (its due floor), is planned once: generic plans only.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', false),
+       set_config('idle_in_transaction_session_timeout', %s, false),
        set_config('statement_timeout', %s, false),
        set_config('tcp_keepalives_idle', %s, false),
        set_config('tcp_keepalives_interval', %s, false),
@@ -23,7 +25,8 @@ SELECT set_config('idle_in_transaction_session_timeout', %s, false),
 -- The same bounds for one transaction, on a connection through a pooler (a session setting would
 -- stay on the pooler's server session, for its next client, and miss this client's next
 -- transaction): the first statement of every transaction of the scheduler there.
-SELECT set_config('idle_in_transaction_session_timeout', %s, true),
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('idle_in_transaction_session_timeout', %s, true),
        set_config('statement_timeout', %s, true),
        set_config('application_name', %s, true)
 
@@ -42,11 +45,12 @@ SELECT EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = %s)
 SELECT current_database(), pg_postmaster_start_time()
 
 -- poll --
--- An idle tick's one query: the database clock, the earliest due moment of a pending run (the
--- first entry of the partial index scheduling_run_pending_due) and django-celery-beat's change
--- marker.
+-- An idle tick's one query: the database clock, the earliest due moment at or after %s of a
+-- pending run (the first such entry of the partial index scheduling_run_pending_due: the scan
+-- starts there, ledger.DueFloor) and django-celery-beat's change marker.
 SELECT clock_timestamp(),
-       (SELECT due_at FROM {run} WHERE status = 'pending' ORDER BY due_at LIMIT 1),
+       (SELECT due_at FROM {run} WHERE status = 'pending' AND due_at >= %s
+        ORDER BY due_at LIMIT 1),
        (SELECT last_update FROM {change_marker} WHERE ident = 1)
 
 -- database_now --

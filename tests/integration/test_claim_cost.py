@@ -38,11 +38,13 @@ def _claim_statements() -> list[tuple[int, int]]:
 
 def test_the_claim_is_prepared_once_and_runs_on_a_generic_plan(make_task, recorder):
     tasks = [make_task(every=3600, name=f"prepared-{i}") for i in range(3)]
+    ledger.configure_session()  # a replica's session: generic plans (plan_cache_mode)
     for task in tasks:
         make_due(task)
         assert [d.status for d in claim(recorder)] == [Run.Status.DISPATCHED]
 
-    assert CompiledClaim.of(100, "default").params == ()  # literals: no parameters
+    # literals, but for the replica's due floor (ledger.DueFloor), planned generic
+    assert len(CompiledClaim.of(100, "default").params) == 1
     # one statement, planned once for any batch: the partial indexes' predicates are literals
     assert _claim_statements() == [(3, 0)]
     assert len(recorder.messages) == 3
