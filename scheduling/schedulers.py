@@ -153,7 +153,7 @@ class LedgerScheduler(DatabaseScheduler):
         if self._failures and self._failing != "broker":
             self._recovered()
         self._overdue.step()  # missed-run alerts, outside any claim; never raises
-        self._book.step()  # the tasks' last_run_at/total_run_count every few seconds; never raises
+        self._book.step()  # the tasks' last_run_at/total_run_count once a minute; never raises
         self.heartbeat.beat()  # display only, after the claim committed; never raises
         return delay
 
