@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
                         " unless --output is given): idle, burst, memory, lateness_and_storm,"
                         " sustained, mvcc_horizon, failover, guard_cost, day_ledger, history,"
                         " million, correctness (day_ledger runs history too: it grows that ledger)")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="sample the replicas of burst, sustained and mvcc_horizon with py-spy"
+                        " and write their profiles to DIR (development: bench/profile.py)")
     args = parser.parse_args(argv)
     command = _command(args.quick, args.only)
     load_before = env.load_average()
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("scheduling").setLevel(logging.WARNING)  # this process's own planning
 
         sizes = scenarios.QUICK if args.quick else scenarios.FULL
-        bench = scenarios.Bench(sizes, Path(workdir), log)
+        bench = scenarios.Bench(sizes, Path(workdir), log, args.profile)
         rows, plans = [], {}
         try:
             only = {name for name in args.only.split(",") if name}
@@ -94,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     missed = [f"{r.scenario}: {r.measure}" for r in rows if r.met is False]
     print(f"\n{len(rows)} rows, {len(missed)} targets not met; {duration:.0f} s;"
           f" load average before {load_before}, after {load_after}")
-    # A partial run never replaces the full run's doc by default.
-    output = args.output or (None if args.quick or args.only else DOC)
+    # A partial or profiled run never replaces the full run's doc by default.
+    output = args.output or (None if args.quick or args.only or args.profile else DOC)
     if output is not None:
         output.write_text(_document(rows, plans, setting, command, duration,
                                     load_before, load_after))

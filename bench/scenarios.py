@@ -22,6 +22,7 @@ from django_celery_beat.models import PeriodicTask
 
 from bench import data
 from bench.env import Arrivals, Broker, cpu_seconds, postgres_cpu_seconds, rss_mb
+from bench.profile import profiled
 from bench.report import Row, median, ms, percentile, seconds
 from scheduling import ledger
 from scheduling.ledger import compiled
@@ -68,8 +69,10 @@ TICKS_PER_RECONCILE = 60
 class Bench:
     """Shared state of one benchmark run: sizes, work folder, broker, and the task pool."""
 
-    def __init__(self, sizes: Sizes, workdir: Path, log=print) -> None:
+    def __init__(self, sizes: Sizes, workdir: Path, log=print, profile: Path | None = None) -> None:
         self.sizes, self.workdir, self.log = sizes, workdir, log
+        #: Where ``bench.profile.profiled`` writes the replicas' profiles (``--profile``), or None.
+        self.profile = profile
         self.broker = Broker()
         self.pool: list[int] = []  # interval tasks, one day apart, planned
         #: Idle tick cost by number of tasks, as ``idle`` measured it (``bench.scale`` compares).
@@ -177,7 +180,8 @@ def _burst_ours(bench: Bench, tasks: list[int], replicas: int) -> BurstCost:
         pids = [deployment.processes[name].pid for name in names]
         at, moved = data.make_due(tasks)
         cpu, database = sum(map(cpu_seconds, pids)), postgres_cpu_seconds()
-        data.wait_claimed(at, timeout=600)
+        with profiled(bench.profile, f"burst-{replicas}", pids):
+            data.wait_claimed(at, timeout=600)
         finished = ledger.database_now()
         cpu = sum(map(cpu_seconds, pids)) - cpu
         after = postgres_cpu_seconds()

@@ -27,6 +27,7 @@ from django_celery_beat.models import PeriodicTask
 
 from bench import data, scenarios
 from bench.env import Arrivals, cpu_seconds, postgres_cpu_seconds
+from bench.profile import profiled
 from bench.report import Row, median, ms
 from bench.scenarios import (
     NO_WORKER,
@@ -147,7 +148,8 @@ def sustained(bench: Bench) -> list[Row]:
     with _steady(bench, "sustained", s.sustained_rate) as steady:
         replicas, server = sum(map(cpu_seconds, steady.pids)), postgres_cpu_seconds()
         steady.until = steady.since + timedelta(seconds=s.sustained_window)
-        sleep_until(steady.until)
+        with profiled(bench.profile, "sustained", steady.pids):
+            sleep_until(steady.until)
         replicas = sum(map(cpu_seconds, steady.pids)) - replicas
         after = postgres_cpu_seconds()
         server = None if server is None or after is None else after - server
@@ -184,7 +186,8 @@ def mvcc_horizon(bench: Bench) -> list[Row]:
     with _steady(bench, "horizon", s.horizon_rate) as steady, _holder() as holder:
         start = _claim_time()
         steady.until = steady.since + timedelta(seconds=s.horizon_window)
-        sleep_until(steady.until)
+        with profiled(bench.profile, "mvcc_horizon", steady.pids):
+            sleep_until(steady.until)
         end = _claim_time()
         dead = _dead_tuples()
         held = _horizon_age(holder)
