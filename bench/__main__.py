@@ -9,11 +9,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from contextlib import nullcontext
 from pathlib import Path
 
 from bench import env
-from bench.report import table
+from bench.report import Row, table
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -55,35 +56,47 @@ def main(argv: list[str] | None = None) -> int:
 
         sizes = scenarios.QUICK if args.quick else scenarios.FULL
         bench = scenarios.Bench(sizes, Path(workdir), log, args.profile)
-        rows, plans = [], {}
+        rows, plans, failed = [], {}, []
         try:
             only = {name for name in args.only.split(",") if name}
 
             def wanted(name: str) -> bool:
                 return not only or name in only
 
+            def attempt(name: str, call, empty=()):
+                """``call()``, or, when it raises, ``empty`` and a failed row: one broken
+                scenario costs its own rows, not the run's."""
+                log(f"{name} ...")
+                try:
+                    return call()
+                except Exception as exc:  # noqa: BLE001 - reported in the table and the exit code
+                    log(f"{name} FAILED:\n{traceback.format_exc()}")
+                    failed.append(name)
+                    rows.append(Row(name, "the scenario ran to its end", f"failed: {exc}",
+                                    target="ran", met=False))
+                    return empty
+
             for step in (scenarios.idle, scenarios.burst, scenarios.memory,
                          scenarios.lateness_and_storm, sustained, mvcc_horizon, scenarios.failover,
                          guard_cost, scale.day_ledger, scale.million):
                 if wanted(step.__name__):
-                    log(f"{step.__name__} ...")
-                    rows += step(bench)
+                    rows += attempt(step.__name__, lambda step=step: step(bench))
             # After day_ledger, whose prune would delete the historical runs; after million,
             # whose replica would claim the runs the history makes due.
             if wanted("history") or wanted("day_ledger"):
-                log("history ...")
-                history_rows, plans = scenarios.history(bench)
+                history_rows, plans = attempt("history", lambda: scenarios.history(bench),
+                                              ([], {}))
                 rows += history_rows
             if wanted("day_ledger"):
-                log("day_ledger: the history grown ...")
-                grown_rows, grown_plans = scale.history_growth(bench)
+                grown_rows, grown_plans = attempt(
+                    "day_ledger: the history grown", lambda: scale.history_growth(bench), ([], {})
+                )
                 rows += grown_rows
                 plans.update(grown_plans)
             if wanted("correctness"):  # last: it disables every periodic task
                 from bench.correctness import correctness
 
-                log("correctness ...")
-                rows += correctness(bench)
+                rows += attempt("correctness", lambda: correctness(bench))
             setting = {
                 "machine": env.machine(),
                 "postgres": env.postgres_version(),
@@ -103,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         output.write_text(_document(rows, plans, setting, command, duration,
                                     load_before, load_after))
         print(f"wrote {output}")
-    return 0
+    if failed:
+        print(f"scenarios that failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _command(quick: bool, only: str = "") -> str:
