@@ -9,12 +9,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from contextlib import nullcontext
 from pathlib import Path
 
 from bench import env
-from bench.report import Row, table
+from bench.report import Attempts, table
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -56,25 +55,14 @@ def main(argv: list[str] | None = None) -> int:
 
         sizes = scenarios.QUICK if args.quick else scenarios.FULL
         bench = scenarios.Bench(sizes, Path(workdir), log, args.profile)
-        rows, plans, failed = [], {}, []
+        rows, plans = [], {}
         try:
             only = {name for name in args.only.split(",") if name}
 
             def wanted(name: str) -> bool:
                 return not only or name in only
 
-            def attempt(name: str, call, empty=()):
-                """``call()``, or, when it raises, ``empty`` and a failed row: one broken
-                scenario costs its own rows, not the run's."""
-                log(f"{name} ...")
-                try:
-                    return call()
-                except Exception as exc:  # noqa: BLE001 - reported in the table and the exit code
-                    log(f"{name} FAILED:\n{traceback.format_exc()}")
-                    failed.append(name)
-                    rows.append(Row(name, "the scenario ran to its end", f"failed: {exc}",
-                                    target="ran", met=False))
-                    return empty
+            attempt = Attempts(rows, log, None if keep else Path(workdir))
 
             for step in (scenarios.idle, scenarios.burst, scenarios.memory,
                          scenarios.lateness_and_storm, sustained, mvcc_horizon, scenarios.failover,
@@ -116,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         output.write_text(_document(rows, plans, setting, command, duration,
                                     load_before, load_after))
         print(f"wrote {output}")
-    if failed:
-        print(f"scenarios that failed: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    if attempt.failed:
+        print(f"scenarios that failed: {', '.join(attempt.failed)}", file=sys.stderr)
+    return 1 if attempt.failed else 0
 
 
 def _command(quick: bool, only: str = "") -> str:

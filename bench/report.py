@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import statistics
-from dataclasses import dataclass
+import tempfile
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 COLUMNS = ("scenario", "measure", "ours", "stock", "redbeat (lock 1,500 s)", "redbeat (tuned lock)",
            "redlock per container", "raw publish", "ratio", "target", "met")
@@ -61,3 +66,34 @@ def percentile(values: list[float], q: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
+
+
+@dataclass
+class Attempts:
+    """Run scenarios so that one that raises costs its own rows, not the run's.
+
+    ``attempts(name, call, empty)`` returns ``call()``; when it raises, it logs the traceback,
+    appends a failed row (NOT MET, the error) to ``rows``, adds ``name`` to ``failed``, copies
+    ``logs`` (the run's temporary folder of process logs, when given) to a folder of its own that
+    outlives the run, and returns ``empty``.
+    """
+
+    rows: list[Row]
+    log: Callable[[str], None]
+    logs: Path | None = None
+    failed: list[str] = field(default_factory=list)
+
+    def __call__(self, name: str, call: Callable, empty=()):
+        self.log(f"{name} ...")
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - reported in the table and the exit code
+            self.log(f"{name} FAILED:\n{traceback.format_exc()}")
+            self.failed.append(name)
+            self.rows.append(Row(name, "the scenario ran to its end", f"failed: {exc}",
+                                 target="ran", met=False))
+            if self.logs is not None:
+                kept = Path(tempfile.mkdtemp(prefix="bench-failed-"))
+                shutil.copytree(self.logs, kept, dirs_exist_ok=True)
+                self.log(f"{name}: the processes' logs are kept in {kept}")
+            return empty
