@@ -39,12 +39,13 @@ def test_a_function_counts_once_per_stack_inclusive_and_on_top_as_self(tmp_path)
     reason="py-spy is not installed",
 )
 def test_a_spinning_process_is_sampled_in_its_own_function(tmp_path):
-    code = "def spin():\n    while True:\n        sum(range(1000))\nspin()\n"
-    process = subprocess.Popen([sys.executable, "-c", code])
+    code = ("def spin():\n    print('spinning', flush=True)\n    while True:\n"
+            "        sum(range(1000))\nspin()\n")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
-        time.sleep(0.5)  # past its start-up, in spin()
+        assert process.stdout.readline() == b"spinning\n"  # past its start-up, in spin()
         with profiled(tmp_path, "spin", [process.pid]):
-            time.sleep(2.0)
+            time.sleep(3.0)
     finally:
         process.kill()
         process.wait()
