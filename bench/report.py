@@ -72,10 +72,10 @@ def median(values: list[float]) -> float:
 class Attempts:
     """Run scenarios so that one that raises costs its own rows, not the run's.
 
-    ``attempts(name, call, empty)`` returns ``call()``; when it raises, it logs the traceback,
-    appends a failed row (NOT MET, the error) to ``rows``, adds ``name`` to ``failed``, copies
-    ``logs`` (the run's temporary folder of process logs, when given) to a folder of its own that
-    outlives the run, and returns ``empty``.
+    An instance called as ``attempt(name, call, empty)`` returns ``call()``; when it raises, it
+    logs the traceback, appends a failed row (NOT MET, the error) to ``rows``, adds ``name`` to
+    ``failed``, copies ``logs`` (the run's temporary folder of process logs, when given) to a
+    folder of its own that outlives the run, and returns ``empty``.
     """
 
     rows: list[Row]
