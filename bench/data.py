@@ -93,10 +93,10 @@ def due_at_once(task_ids: list[int], timeout: float) -> tuple[datetime, int]:
     return at, moved
 
 
-def make_due(task_ids: list[int]) -> tuple[datetime, int]:
-    """Move the pending runs of ``task_ids`` to one instant a second from now; return (the
-    instant, aware UTC; the number of runs moved)."""
-    at = ledger.database_now() + timedelta(seconds=1)
+def make_due(task_ids: list[int], lead: float = 1.0) -> tuple[datetime, int]:
+    """Move the pending runs of ``task_ids`` to one instant ``lead`` seconds from now; return
+    (the instant, aware UTC; the number of runs moved)."""
+    at = ledger.database_now() + timedelta(seconds=lead)
     return at, move_pending(task_ids, at)
 
 

@@ -577,12 +577,22 @@ def lateness_rows(
 # 4. Failover ------------------------------------------------------------------------------------
 
 
+#: Seconds ahead of now each failover trial's slot is moved: above a replica's longest sleep.
+FAILOVER_LEAD = 2.0
+#: Longest takeover of a claim whose replica was killed (issue 17), seconds.
+FAILOVER_TARGET = 0.5
+
+
 def failover(bench: Bench) -> list[Row]:
     """SIGKILL the replica that holds a claim (published, not committed); time the takeover.
 
-    Every replica pauses 1.5 s between publishing and committing (the tests' pausing replica,
-    ``tests.acceptance.pausing``), so the one holding the claim is known from its log;
-    the figure is from the kill to the moment another replica published the run again.
+    Each trial's run is the task's next slot, moved to ``FAILOVER_LEAD`` seconds ahead: every
+    replica has polled since (``max_interval`` is 1 s) and wakes at the slot, as for any
+    scheduled run. (A run-now request is found at the replicas' next tick instead, up to
+    ``max_interval`` later: that is its lateness, not a failover.) Every replica pauses 1.5 s
+    between publishing and committing (the tests' pausing replica, ``tests.acceptance.pausing``),
+    so the one holding the claim is known from its log; the figure is from the kill to the moment
+    another replica published the run again.
     """
     trials = bench.sizes.failover_trials
     task = PeriodicTask.objects.get(
@@ -597,7 +607,8 @@ def failover(bench: Bench) -> list[Row]:
             deployment.start_beat(name, pause_after_publish=1.5)
         _ready(deployment, *live)
         for trial in range(trials):
-            run = ledger.request_run(task, requested_by="bench")
+            at, _ = data.make_due([task.pk], lead=FAILOVER_LEAD)
+            run = Run.objects.pending().get(periodic_task=task, scheduled_for=at)
             victim = _claim_holder(deployment, live, run.task_id)
             killed_at = ledger.database_now()
             deployment.kill(victim)
@@ -621,7 +632,8 @@ def failover(bench: Bench) -> list[Row]:
     return [
         Row(label, "kill to re-dispatch by another replica, median", seconds(median(times))),
         Row(label, "kill to re-dispatch by another replica, max", seconds(max(times)),
-            stock="no takeover (one beat)", target="<= 1 s", met=max(times) <= 1.0),
+            stock="no takeover (one beat)", target=f"<= {FAILOVER_TARGET} s",
+            met=max(times) <= FAILOVER_TARGET),
     ]
 
 
