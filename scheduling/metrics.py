@@ -32,6 +32,11 @@ A beat replica serves them over HTTP when ``SCHEDULING_METRICS_PORT`` is set (``
 the environment variable ``PROMETHEUS_MULTIPROC_DIR`` set (prometheus-client's multiprocess
 mode), every process of a container writes its values into that folder and the replica's port
 serves them all, summed: the workers' pool processes included.
+
+A process records them only when one of the two is set (``recording``): otherwise nothing can
+read them, and recording is not free. A labelled series is built the first time its task is
+seen, a histogram's with all its buckets: in a replica's first pass over 10,000 tasks that was a
+tenth of its CPU (issue 17's burst profile), and each series stays in memory for good.
 """
 
 from __future__ import annotations
@@ -113,6 +118,13 @@ CLAIM_SECONDS = Histogram(
 )
 
 
+def recording() -> bool:
+    """Whether this process records metrics: ``SCHEDULING_METRICS_PORT`` or the environment
+    variable ``PROMETHEUS_MULTIPROC_DIR`` is set (module doc). Read at every observation, so a
+    setting changed at run time (``override_settings``) takes effect."""
+    return conf.metrics_port is not None or bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
 def _task(name: str) -> str:
     return name if conf.metrics_task_labels else "*"
 
@@ -122,6 +134,8 @@ def observe_claim(dispatched: Iterable[Dispatched], replica: str, seconds: float
 
     ``seconds`` is the transaction's duration, measured with ``time.monotonic()``.
     """
+    if not recording():
+        return
     try:
         _observe_claim(dispatched, replica, seconds)
     except Exception:  # noqa: BLE001 - metrics must never stop a replica
@@ -132,8 +146,9 @@ def _observe_claim(dispatched: Iterable[Dispatched], replica: str, seconds: floa
     from scheduling.models import Run
 
     CLAIM_SECONDS.labels(replica).observe(seconds)
+    labelled = conf.metrics_task_labels
     for item in dispatched:
-        task = _task(item.periodic_task_name)
+        task = item.periodic_task_name if labelled else "*"
         if item.status == Run.Status.DISPATCHED:
             RUNS_DISPATCHED.labels(task, replica, item.trigger).inc()
             if item.trigger == Run.Trigger.SCHEDULE and item.lateness is not None:
@@ -146,6 +161,8 @@ def _observe_claim(dispatched: Iterable[Dispatched], replica: str, seconds: floa
 
 def observe_redelivery(done: Redelivered, replica: str) -> None:
     """Count what one redelivery pass did (``ledger.redeliver``'s result)."""
+    if not recording():
+        return
     try:
         for cause, task_ids in (("deadline", done.republished), ("recover", done.recovered)):
             for task_id in task_ids:
@@ -160,6 +177,8 @@ def observe_redelivery(done: Redelivered, replica: str) -> None:
 
 def observe_worker_lost(names: Iterable[str], replica: str) -> None:
     """Count runs the lost-worker sweep closed as "worker lost" (their periodic tasks' names)."""
+    if not recording():
+        return
     try:
         for name in names:
             RUNS_NOT_EXECUTED.labels(_task(name), replica, "worker lost").inc()
@@ -169,6 +188,8 @@ def observe_worker_lost(names: Iterable[str], replica: str) -> None:
 
 def observe_overdue(found: Iterable[Overdue], replica: str) -> None:
     """Count the runs one overdue pass of this replica marked (``ledger.mark_overdue``)."""
+    if not recording():
+        return
     try:
         for run in found:
             RUNS_OVERDUE.labels(_task(run.periodic_task_name), replica).inc()
@@ -178,6 +199,8 @@ def observe_overdue(found: Iterable[Overdue], replica: str) -> None:
 
 def observe_overdue_tasks(tasks: Iterable[OverdueTask]) -> None:
     """Set the overdue gauge to the tasks overdue now (``health.overdue_tasks``), others to 0."""
+    if not recording():
+        return
     try:
         current: dict[str, int] = {}
         for task in tasks:
@@ -194,6 +217,8 @@ def observe_overdue_tasks(tasks: Iterable[OverdueTask]) -> None:
 
 def observe_suppressed(periodic_task_name: str, worker: str) -> None:
     """Count one duplicate delivery the worker guard dropped."""
+    if not recording():
+        return
     try:
         DUPLICATES_SUPPRESSED.labels(_task(periodic_task_name), worker).inc()
     except Exception:  # noqa: BLE001 - metrics must never change what the guard decided

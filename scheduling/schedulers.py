@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from amqp.exceptions import MessageNacked
@@ -86,8 +86,10 @@ class LedgerScheduler(DatabaseScheduler):
         self._settled = ledger.SettledChanges()
         self._book = ledger.TaskBook()  # what the claims owe the task rows (last_run_at, ...)
         self._floor = ledger.DueFloor()  # where the poll and the claim start their scans
+        self._bound_queues: dict[str, Any] = {}  # queue name: kombu Queue bound to the channel
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
+        pin_publish_settings(self.app)
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
         self.app.loader.import_default_modules()
 
@@ -197,7 +199,7 @@ class LedgerScheduler(DatabaseScheduler):
         Called with the stop signals held and the publish batch open.
         """
         return ledger.claim_and_dispatch(
-            self._publish,
+            self._publisher(),
             replica_id=self.replica_id,
             batch_size=conf.batch_size,
             grace=grace,
@@ -289,7 +291,7 @@ class LedgerScheduler(DatabaseScheduler):
             return
         with self._publish_batch() as buffered:
             done = ledger.redeliver(
-                ledger.Republisher(self._publish, buffered.flush, self.replica_id),
+                ledger.Republisher(self._publisher(), buffered.flush, self.replica_id),
                 recover=self._lost.recoverable,
                 batch_size=conf.batch_size,
             )
@@ -339,16 +341,33 @@ class LedgerScheduler(DatabaseScheduler):
             return nullcontext(_Unbuffered())
         return batch()
 
-    def _publish(self, message: Message) -> None:
+    def _publisher(self) -> Callable[[Message], None]:
+        """``_publish`` with the settings it reads taken once, for one claim or redelivery pass
+        (a setting read costs microseconds; a claim publishes up to ``SCHEDULING_BATCH_SIZE``)."""
+        return partial(
+            self._publish, reject_unknown=conf.reject_unknown_tasks, timeout=conf.broker_timeout
+        )
+
+    def _publish(
+        self, message: Message, reject_unknown: bool | None = None, timeout: float | None = None
+    ) -> None:
         """Send one run's message; return once the broker has it (its confirm, on AMQP).
 
-        Raises RunRejected for an unknown task name, PublishFailed when the broker refused the
-        message (``basic.nack``: a full queue with ``reject-publish``, say), and lets the other
-        broker errors (a channel error such as a missing exchange, a lost connection, a confirm
-        not received within ``SCHEDULING_BROKER_TIMEOUT``) propagate: the claim rolls back.
+        ``reject_unknown`` and ``timeout`` (seconds) default to ``SCHEDULING_REJECT_UNKNOWN_TASKS``
+        and ``SCHEDULING_BROKER_TIMEOUT``. Raises RunRejected for an unknown task name,
+        PublishFailed when the broker refused the message (``basic.nack``: a full queue with
+        ``reject-publish``, say), and lets the other broker errors (a channel error such as a
+        missing exchange, a lost connection, a confirm not received within the timeout)
+        propagate: the claim rolls back.
         """
-        if conf.reject_unknown_tasks and message.name not in self.app.tasks:
+        if reject_unknown is None:
+            reject_unknown = conf.reject_unknown_tasks
+        if reject_unknown and message.name not in self.app.tasks:
             raise RunRejected(f"unknown task name {message.name!r}: not registered in this app")
+        options = message.options
+        queue = self._bound_queue(options)
+        if queue is not None:
+            options = {**options, "queue": queue}
         try:
             self.app.send_task(
                 message.name,
@@ -357,13 +376,35 @@ class LedgerScheduler(DatabaseScheduler):
                 producer=self.producer,
                 retry=True,
                 retry_policy=_PUBLISH_RETRY_POLICY,
-                confirm_timeout=conf.broker_timeout,
-                **message.options,
+                confirm_timeout=conf.broker_timeout if timeout is None else timeout,
+                **options,
             )
         except KombuOperationalError as exc:
             if isinstance(exc.__cause__, MessageNacked):  # kombu's message for it is empty
                 raise PublishFailed("the broker refused the message (basic.nack)") from exc
             raise
+
+    def _bound_queue(self, options: dict[str, Any]) -> Any:
+        """The kombu queue a message goes to, bound to this replica's channel; None when Celery's
+        ``task_routes`` decide it (Celery then routes the message itself).
+
+        Celery hands the queue it routed a message to (the message's ``queue``, else
+        ``task_default_queue``) to kombu to declare, once per connection (kombu's cache); kombu
+        first binds an unbound queue, as Celery's own are, to the channel, which copies it at
+        every publish: a tenth of a replica's CPU in a burst (issue 17's profile). A queue bound
+        once per channel here is the same queue (the same name, declared the same way), used as
+        it is.
+        """
+        if self.app.amqp.router.routes:
+            return None
+        name = options.get("queue") or self.app.conf.task_default_queue
+        if not isinstance(name, str):
+            return None
+        channel = self.producer.channel
+        bound = self._bound_queues.get(name)
+        if bound is None or bound.channel is not channel:
+            bound = self._bound_queues[name] = self.app.amqp.queues[name].bind(channel)
+        return bound
 
     def _recovered(self) -> None:
         """Log the end of an outage once, when the database or broker answered again.
@@ -404,6 +445,7 @@ class LedgerScheduler(DatabaseScheduler):
     def _reset_producer(self) -> None:
         """Drop the broker connection so the next publish reconnects."""
         self.__dict__.pop("producer", None)
+        self._bound_queues.clear()
         broker = self.__dict__.pop("connection", None)
         if broker is not None:
             try:
@@ -428,6 +470,28 @@ class _Unbuffered:
 
     def flush(self) -> None:
         """Nothing is held back: every publish was sent when it was made."""
+
+
+#: The Celery settings ``send_task`` reads at every publish (Celery 5.7), and the default queue
+#: (``LedgerScheduler._bound_queue``).
+PUBLISH_SETTINGS = (
+    "task_always_eager", "task_repr_maxlevels", "task_send_sent_event",
+    "broker_pool_acquire_timeout", "task_default_queue",
+)
+
+
+def pin_publish_settings(app: Any) -> None:
+    """Write the current value of each of ``PUBLISH_SETTINGS`` into ``app``'s own configuration.
+
+    With ``config_from_object("django.conf:settings", namespace="CELERY")``, as Celery's Django
+    guide has it, a setting the project leaves at its default is looked up in Django's settings
+    under each of its names, every miss an exception, before Celery's defaults are reached: six
+    such reads a message were a fifth of a replica's CPU in a burst (issue 17's profile). The
+    values stay what they were; Celery finds them first. Set them on the app, or in the settings
+    before the replica starts.
+    """
+    for name in PUBLISH_SETTINGS:
+        app.conf[name] = app.conf[name]
 
 
 def broker_timeout_options(driver_type: str, timeout: float) -> dict[str, Any]:

@@ -121,6 +121,7 @@ def claim_and_dispatch(
         busy: set[int] = set()
         unplanned: set[int] = set()
         unsent: list[Run] = []
+        default_stale = conf.overlap_stale_seconds
 
         def send() -> None:
             if flush is not None and unsent:
@@ -137,7 +138,7 @@ def claim_and_dispatch(
                 item.overlap = overlap(
                     run.periodic_task, run.trigger, run.scheduled_for,
                     in_batch=run.periodic_task_id in busy, busy_since=item.busy_since,
-                    now=item.db_now, default_stale=conf.overlap_stale_seconds,
+                    now=item.db_now, default_stale=default_stale,
                 )
             mark = len(missed)  # rows after it: the slots this run's misfire records missed
             try:

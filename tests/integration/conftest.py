@@ -15,6 +15,7 @@ from django_celery_beat.models import PeriodicTask
 from scheduling import ledger, slots
 from scheduling.messages import Message
 from scheduling.models import Run, TaskPolicy
+from tests.pgbouncer import free_port
 
 GRACE = timedelta(seconds=60)
 
@@ -36,6 +37,15 @@ class Recorder:
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
+
+
+@pytest.fixture
+def metrics_served(settings) -> int:
+    """Metrics recorded in this process, as by a replica serving them (``metrics.recording``):
+    ``SCHEDULING_METRICS_PORT`` set to a free port, which a ``LedgerScheduler`` made in the test
+    serves. Returns the port."""
+    settings.SCHEDULING_METRICS_PORT = free_port()
+    return settings.SCHEDULING_METRICS_PORT
 
 
 def claim(publish, replica_id: str = "test:1", batch_size: int = 100):

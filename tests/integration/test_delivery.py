@@ -146,7 +146,9 @@ def test_a_run_of_a_deleted_task_is_closed_with_the_error(dispatched, recorder):
     assert dispatched.error == "its periodic task was deleted: the message cannot be rebuilt"
 
 
-def test_a_replicas_reconcile_pass_republishes_to_the_broker_and_counts_it(make_task, recorder):
+def test_a_replicas_reconcile_pass_republishes_to_the_broker_and_counts_it(
+    make_task, recorder, metrics_served
+):
     from prometheus_client import REGISTRY
 
     from project.celery import app

@@ -11,7 +11,7 @@ from scheduling import metrics
 from scheduling.models import Run, TaskPolicy
 from tests.integration.conftest import claim, late_task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("metrics_served")]
 
 
 def _claim_all(recorder, replica: str) -> None:
@@ -69,3 +69,17 @@ def test_task_label_collapses_when_configured(make_task, recorder, settings):
                   trigger="schedule") == 1
     assert _value("scheduling_runs_dispatched_total", task=task.name, replica=replica,
                   trigger="schedule") == 0
+
+
+def test_nothing_is_recorded_where_nothing_can_read_it(make_task, recorder, settings, monkeypatch):
+    settings.SCHEDULING_METRICS_PORT = None
+    monkeypatch.delenv("SCHEDULING_METRICS_PORT", raising=False)
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    task, _ = late_task(make_task, None)
+    replica = f"replica-{uuid.uuid4().hex[:6]}"
+    _claim_all(recorder, replica)
+
+    assert len(recorder.messages) == 1
+    labels = {"task": task.name, "replica": replica, "trigger": "schedule"}
+    assert REGISTRY.get_sample_value("scheduling_runs_dispatched_total", labels) is None
+    assert REGISTRY.get_sample_value("scheduling_claim_seconds_count", {"replica": replica}) is None

@@ -178,7 +178,9 @@ def _sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def test_a_pass_reports_each_overdue_run_once_signal_webhook_metric(make_task, hook):
+def test_a_pass_reports_each_overdue_run_once_signal_webhook_metric(
+    make_task, hook, metrics_served
+):
     task = make_task(every=60, name="alerted")
     _deadline(task, 30)
     run = _run(task, 45)
