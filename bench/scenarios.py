@@ -110,6 +110,10 @@ def close(bench: Bench, deployment: Deployment) -> None:
 # 1. Burst ---------------------------------------------------------------------------------------
 
 
+#: A burst's time with 3 replicas against raw kombu publishing the same messages (issue 17).
+BURST_TARGET = 1.1
+
+
 def burst(bench: Bench) -> list[Row]:
     """10,000 tasks due at one instant: 1, 2, 4 and 3 replicas, raw publish, one stock beat."""
     n = bench.sizes.burst
@@ -129,7 +133,8 @@ def burst(bench: Bench) -> list[Row]:
     rows[-1].met = ours[4] <= ours[1]
     rows.append(Row(label, "3 replicas vs raw kombu publish", _rate(ours[3], n),
                     raw=f"kombu {_rate(raw, n)}; Celery send_task, no ledger {_rate(celery, n)}",
-                    ratio=f"{ours[3] / raw:.2f}x", target="<= 1.5x raw", met=ours[3] <= 1.5 * raw))
+                    ratio=f"{ours[3] / raw:.2f}x", target=f"<= {BURST_TARGET}x raw",
+                    met=ours[3] <= BURST_TARGET * raw))
     if stock_sent >= n:
         stock_text, floor = _rate(stock, n), ""
     else:
