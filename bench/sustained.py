@@ -191,8 +191,11 @@ def mvcc_horizon(bench: Bench) -> list[Row]:
         end = _claim_time()
         dead = _dead_tuples()
         held = _horizon_age(holder)
+    for moment, claim in (("start", start), ("end", end)):  # where the buffers went
+        (bench.workdir / f"mvcc-horizon-claim-{moment}.json").write_text(claim.plan)
     bench.log(f"  mvcc_horizon: claim {_described(start)} at the start, {_described(end)} at the"
-              f" end; {dead:,} dead tuples; the snapshot was {held:,} transactions old")
+              f" end; {dead:,} dead tuples; the snapshot was {held:,} transactions old"
+              f" (plans: {bench.workdir}/mvcc-horizon-claim-*.json)")
     rows = lateness_rows(label, lateness(steady.since, steady.until), steady.arrivals, p99=0.100)
     rows.append(_slots_row(label, steady, s.horizon_rate, s.horizon_window))
     rows.append(Row(
@@ -257,6 +260,8 @@ class ClaimTime:
     seconds: float
     server: float
     buffers: int
+    #: The plan, as ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` gave it.
+    plan: str = ""
 
 
 def _claim_time() -> ClaimTime:
@@ -279,7 +284,8 @@ def _claim_time() -> ClaimTime:
     plan = (json.loads(result) if isinstance(result, str) else result)[0]
     top = plan["Plan"]
     return ClaimTime(seconds, plan["Execution Time"] / 1000,
-                     top["Shared Hit Blocks"] + top["Shared Read Blocks"])
+                     top["Shared Hit Blocks"] + top["Shared Read Blocks"],
+                     json.dumps(plan, indent=1))
 
 
 def _described(claim: ClaimTime) -> str:
