@@ -33,8 +33,10 @@ the environment variable ``PROMETHEUS_MULTIPROC_DIR`` set (prometheus-client's m
 mode), every process of a container writes its values into that folder and the replica's port
 serves them all, summed: the workers' pool processes included.
 
-A process records them only when one of the two is set (``recording``): otherwise nothing can
-read them, and recording is not free. A labelled series is built the first time its task is
+A beat replica records its metrics only when one of the two is set (``recording``): otherwise
+nothing can read them, and recording is not free. The guard's counter is always recorded: it
+counts rare events, and a worker may serve its pool processes' metrics its own way (README,
+"Metrics"). A labelled series is built the first time its task is
 seen, a histogram's with all its buckets: in a replica's first pass over 10,000 tasks that was a
 tenth of its CPU (issue 17's burst profile), and each series stays in memory for good.
 """
@@ -119,8 +121,8 @@ CLAIM_SECONDS = Histogram(
 
 
 def recording() -> bool:
-    """Whether this process records metrics: ``SCHEDULING_METRICS_PORT`` or the environment
-    variable ``PROMETHEUS_MULTIPROC_DIR`` is set (module doc). Read at every observation, so a
+    """Whether this process records a replica's metrics: ``SCHEDULING_METRICS_PORT`` or the
+    environment variable ``PROMETHEUS_MULTIPROC_DIR`` is set (module doc). Read at every observation, so a
     setting changed at run time (``override_settings``) takes effect."""
     return conf.metrics_port is not None or bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
@@ -217,8 +219,6 @@ def observe_overdue_tasks(tasks: Iterable[OverdueTask]) -> None:
 
 def observe_suppressed(periodic_task_name: str, worker: str) -> None:
     """Count one duplicate delivery the worker guard dropped."""
-    if not recording():
-        return
     try:
         DUPLICATES_SUPPRESSED.labels(_task(periodic_task_name), worker).inc()
     except Exception:  # noqa: BLE001 - metrics must never change what the guard decided

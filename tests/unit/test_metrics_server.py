@@ -9,13 +9,12 @@ import urllib.request
 from scheduling import metrics
 
 
-def test_serve_exposes_this_process_metrics(monkeypatch, settings):
+def test_serve_exposes_this_process_metrics(monkeypatch):
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    metrics.observe_suppressed("unit: serve", "w1@host")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    settings.SCHEDULING_METRICS_PORT = port  # what makes a process record them
-    metrics.observe_suppressed("unit: serve", "w1@host")
     metrics.serve(port, "127.0.0.1")
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
