@@ -592,9 +592,9 @@ def failover(bench: Bench) -> list[Row]:
     """SIGKILL the replica that holds a claim (published, not committed); time the takeover.
 
     Each trial's run is the task's next slot, moved to ``FAILOVER_LEAD`` seconds ahead: every
-    replica has polled since (``max_interval`` is 1 s) and wakes at the slot, as for any
+    replica has polled since (``SCHEDULING_MAX_INTERVAL``, 0.5 s) and wakes at the slot, as for any
     scheduled run. (A run-now request is found at the replicas' next tick instead, up to
-    ``max_interval`` later: that is its lateness, not a failover.) Every replica pauses 1.5 s
+    ``SCHEDULING_MAX_INTERVAL`` later: that is its lateness, not a failover.) Every replica pauses 1.5 s
     between publishing and committing (the tests' pausing replica, ``tests.acceptance.pausing``),
     so the one holding the claim is known from its log; the figure is from the kill to the moment
     another replica published the run again.

@@ -86,7 +86,11 @@ class Conf:
         "Id of this beat replica; else the SCHEDULING_REPLICA_ID environment variable, else "
         "'hostname:pid'."
     ))
-    max_interval = Setting(1.0, float, "Longest sleep between two ticks of a replica, in seconds.")
+    max_interval = Setting(0.5, float, (
+        "Longest sleep between two ticks of a replica, in seconds: how long an edit, a run-now "
+        "request or a new task may wait for the replicas to look (two polls a second, each one "
+        "short indexed query, cost an idle replica nothing that shows)."
+    ))
     batch_size = Setting(100, int, "Most runs one claim transaction dispatches.")
     prepared_claim = Setting(True, bool, (
         "Send the claim query as a server-side prepared statement (planned once per database "

@@ -65,7 +65,7 @@ class LedgerScheduler(DatabaseScheduler):
 
     Every replica runs this same class. A run is dispatched by whichever replica commits its claim
     first; the others skip the locked row. ``tick()`` returns the seconds to sleep: until the next
-    pending run is due, at most ``SCHEDULING_MAX_INTERVAL`` (1 s by default), and 0 while due runs
+    pending run is due, at most ``SCHEDULING_MAX_INTERVAL`` (0.5 s by default), and 0 while due runs
     remain. Database errors are logged once per outage and retried with capped backoff and jitter;
     the replica never exits for them.
     """

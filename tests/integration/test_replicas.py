@@ -109,7 +109,7 @@ def test_tick_counts_claimed_runs_and_costs_one_query_more_when_it_beats(
     assert replica.runs_claimed == 1
     scheduler.tick()
     with django_assert_num_queries(2):  # the poll, and the heartbeat upsert
-        assert scheduler.tick() == 1.0
+        assert scheduler.tick() == 0.5
     assert Replica.objects.get(pk=scheduler.replica_id).last_tick_at > replica.last_tick_at
     scheduler.close()
     assert Replica.objects.get(pk=scheduler.replica_id).stopped_at is not None

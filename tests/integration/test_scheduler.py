@@ -24,7 +24,7 @@ def _scheduler() -> LedgerScheduler:
     return LedgerScheduler(app=app)
 
 
-def test_tick_plans_dispatches_and_sleeps_at_most_one_second(make_task):
+def test_tick_plans_dispatches_and_sleeps_at_most_the_max_interval(make_task):
     start = ledger.database_now() - timedelta(seconds=0.5)
     task = make_task(every=3600, start_time=start)  # first slot: start_time, already due
     scheduler = _scheduler()
@@ -32,8 +32,8 @@ def test_tick_plans_dispatches_and_sleeps_at_most_one_second(make_task):
 
     run = Run.objects.get(periodic_task=task, scheduled_for=start)
     assert (run.status, run.claimed_by) == (Run.Status.DISPATCHED, scheduler.replica_id)
-    assert all(0 <= d <= 1.0 for d in delays)
-    assert delays[-1] == 1.0  # nothing due within the next second: the full max interval
+    assert all(0 <= d <= 0.5 for d in delays)
+    assert delays[-1] == 0.5  # nothing due within the default max interval: all of it
     nxt = Run.objects.pending().get(periodic_task=task)
     assert nxt.scheduled_for == start + timedelta(hours=1)
 
@@ -76,7 +76,7 @@ def test_idle_tick_is_one_query(make_task, django_assert_num_queries):
     scheduler = _scheduler()
     scheduler.tick()  # startup: reconcile, plan
     with django_assert_num_queries(1):
-        assert scheduler.tick() == 1.0
+        assert scheduler.tick() == 0.5
 
 
 def test_sync_beat_schedule_is_idempotent_and_triggers_no_reload():
