@@ -488,10 +488,14 @@ def pin_publish_settings(app: Any) -> None:
     under each of its names, every miss an exception, before Celery's defaults are reached: six
     such reads a message were a fifth of a replica's CPU in a burst (issue 17's profile). The
     values stay what they were; Celery finds them first. Set them on the app, or in the settings
-    before the replica starts.
+    before the replica starts. A name this Celery has no setting for is left out.
     """
     for name in PUBLISH_SETTINGS:
-        app.conf[name] = app.conf[name]
+        try:
+            value = app.conf[name]
+        except KeyError:  # not a setting of this Celery (5.5 has neither of the two middle ones)
+            continue
+        app.conf[name] = value
 
 
 def broker_timeout_options(driver_type: str, timeout: float) -> dict[str, Any]:

@@ -227,7 +227,8 @@ def run(options: Options, say: Callable[[str], None] = print) -> Report:
         broker = _broker(ident, options, env) if options.broker_faults else None
         say(f"{ident}: {len(planted)} periodic tasks, faults for {options.seconds:g} s; broker "
             f"faults: {', '.join(broker.kinds) if broker else 'none'}")
-        faults = Faults(procs, replicas, workers, rng, _idle_timeout(env), broker)
+        faults = Faults(procs, replicas, workers, rng, _idle_timeout(env), broker,
+                        purge_patience=options.every + 0.5)
         faults.run_for(options.seconds, options.fault_every)
         end = ledger.database_now()
         report.faults = faults.counts
@@ -391,9 +392,10 @@ class Faults:
 
     def __init__(
         self, procs: Processes, replicas: list[str], workers: list[str], rng: random.Random,
-        idle_timeout: float, broker: Broker | None = None,
+        idle_timeout: float, broker: Broker | None = None, purge_patience: float = 0.0,
     ) -> None:
         self.procs = procs
+        self.purge_patience = purge_patience  # seconds a purge waits for a message to purge
         self.broker = broker
         self.replicas, self.workers = replicas, workers
         self.rng = rng
@@ -426,10 +428,7 @@ class Faults:
         next_fault = time.monotonic() + self.rng.expovariate(1 / every)
         while time.monotonic() < deadline:
             now = time.monotonic()
-            for due, undo in sorted(self.timers, key=lambda t: t[0]):
-                if due <= now:
-                    self.timers.remove((due, undo))
-                    undo()
+            self._undo_due(now)
             if now >= next_fault:
                 self.inject(new_first=now >= halfway)
                 next_fault = now + self.rng.expovariate(1 / every)
@@ -437,6 +436,13 @@ class Faults:
         for _, undo in sorted(self.timers, key=lambda t: t[0]):
             undo()
         self.timers.clear()
+
+    def _undo_due(self, now: float) -> None:
+        """Undo the faults whose time has come (SIGCONT, restart)."""
+        for due, undo in sorted(self.timers, key=lambda t: t[0]):
+            if due <= now:
+                self.timers.remove((due, undo))
+                undo()
 
     def _later(self, delay: float, undo: Callable[[], None]) -> None:
         self.timers.append((time.monotonic() + delay, undo))
@@ -510,6 +516,21 @@ class Faults:
             "pgid": self.procs.processes[worker].pid,
         })
 
+    def _purge(self) -> int:
+        """Purge the run's queue, again every 20 ms until a purge removed a message or
+        ``purge_patience`` seconds passed (the run's: its tasks' interval and a half); return how
+        many were removed. A slot's messages wait in the queue for milliseconds before the
+        workers take them, so a purge at a random moment mostly found it empty and lost nothing:
+        no fault."""
+        assert self.broker is not None
+        until = time.monotonic() + self.purge_patience
+        purged = self.broker.purge()
+        while not purged and time.monotonic() < until:
+            time.sleep(0.02)
+            self._undo_due(time.monotonic())  # a stopped process is let go on time meanwhile
+            purged = self.broker.purge()
+        return purged
+
     def _broker_fault(self, kind: str, victim: str) -> bool:
         """Inject broker fault ``kind`` (on ``victim``'s connections for a cut); True if done."""
         from tools.brokers import process_group
@@ -517,7 +538,7 @@ class Faults:
         assert self.broker is not None
         try:
             if kind == "broker queue purged":
-                self.note(f"  {self.broker.purge()} messages purged")
+                self.note(f"  {self._purge()} messages purged")
             elif kind == "broker database flushed":
                 self.note(f"  {self.broker.flush()} keys flushed")
             else:
