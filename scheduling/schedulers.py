@@ -348,20 +348,16 @@ class LedgerScheduler(DatabaseScheduler):
             self._publish, reject_unknown=conf.reject_unknown_tasks, timeout=conf.broker_timeout
         )
 
-    def _publish(
-        self, message: Message, reject_unknown: bool | None = None, timeout: float | None = None
-    ) -> None:
+    def _publish(self, message: Message, reject_unknown: bool, timeout: float) -> None:
         """Send one run's message; return once the broker has it (its confirm, on AMQP).
 
-        ``reject_unknown`` and ``timeout`` (seconds) default to ``SCHEDULING_REJECT_UNKNOWN_TASKS``
-        and ``SCHEDULING_BROKER_TIMEOUT``. Raises RunRejected for an unknown task name,
+        ``reject_unknown`` and ``timeout`` (seconds) are ``SCHEDULING_REJECT_UNKNOWN_TASKS`` and
+        ``SCHEDULING_BROKER_TIMEOUT`` (``_publisher``). Raises RunRejected for an unknown task name,
         PublishFailed when the broker refused the message (``basic.nack``: a full queue with
         ``reject-publish``, say), and lets the other broker errors (a channel error such as a
         missing exchange, a lost connection, a confirm not received within the timeout)
         propagate: the claim rolls back.
         """
-        if reject_unknown is None:
-            reject_unknown = conf.reject_unknown_tasks
         if reject_unknown and message.name not in self.app.tasks:
             raise RunRejected(f"unknown task name {message.name!r}: not registered in this app")
         options = message.options
@@ -376,7 +372,7 @@ class LedgerScheduler(DatabaseScheduler):
                 producer=self.producer,
                 retry=True,
                 retry_policy=_PUBLISH_RETRY_POLICY,
-                confirm_timeout=conf.broker_timeout if timeout is None else timeout,
+                confirm_timeout=timeout,
                 **options,
             )
         except KombuOperationalError as exc:

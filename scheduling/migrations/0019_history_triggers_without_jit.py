@@ -23,9 +23,10 @@ Reverse: the function of 0016, and JIT as the server configures it.
 
 from django.db import migrations
 
-_FUNCTION = """
+#: scheduling_write_history (migration 0016) around its ``affected`` CTE, and its options.
+_WRITE_HISTORY = """
 CREATE OR REPLACE FUNCTION scheduling_write_history(kind text, operation text, changes jsonb)
-RETURNS void LANGUAGE sql SET jit = off AS $$
+RETURNS void LANGUAGE sql{options} AS $$
     WITH change AS (
         SELECT NULLIF(c->0, 'null') AS old, NULLIF(c->1, 'null') AS new,
                COALESCE(COALESCE(NULLIF(c->1, 'null'), c->0)->>'id',
@@ -33,7 +34,32 @@ RETURNS void LANGUAGE sql SET jit = off AS $$
                    AS object_id
         FROM jsonb_array_elements(changes) AS c
     ),
-    affected AS (
+{affected}    bumped AS (
+        -- In task id order, so two statements bumping the same tasks cannot deadlock.
+        INSERT INTO scheduling_taskversion (periodic_task_id, version)
+        SELECT task_id, 1 FROM affected ORDER BY task_id
+        ON CONFLICT (periodic_task_id)
+            DO UPDATE SET version = scheduling_taskversion.version + 1
+        RETURNING periodic_task_id, version
+    )
+    INSERT INTO scheduling_taskhistory
+        (periodic_task_id, periodic_task_name, version, kind, object_id, operation,
+         before, after, changed_at, actor, role)
+    SELECT a.task_id, a.task_name, b.version, kind, a.object_id, operation,
+           CASE WHEN a.old IS NULL OR a.new IS NULL THEN a.old ELSE
+               (SELECT jsonb_object_agg(key, value) FROM jsonb_each(a.old)
+                WHERE a.new->key IS DISTINCT FROM value) END,
+           CASE WHEN a.old IS NULL OR a.new IS NULL THEN a.new ELSE
+               (SELECT jsonb_object_agg(key, value) FROM jsonb_each(a.new)
+                WHERE a.old->key IS DISTINCT FROM value) END,
+           clock_timestamp(), COALESCE(current_setting('scheduling.actor', true), ''),
+           current_user
+    FROM affected AS a JOIN bumped AS b ON b.periodic_task_id = a.task_id;
+$$;
+"""
+
+#: Each kind of row that changed, its own branch, gated by ``kind`` (a one-time filter).
+_AFFECTED_BY_KIND = """    affected AS (
         SELECT c.object_id AS task_id, COALESCE(c.new, c.old)->>'name' AS task_name, c.*
         FROM change AS c WHERE kind = 'task'
         UNION ALL
@@ -57,47 +83,10 @@ RETURNS void LANGUAGE sql SET jit = off AS $$
         FROM change AS c JOIN django_celery_beat_periodictask AS t ON t.id = c.object_id
         WHERE kind = 'policy'
     ),
-    bumped AS (
-        -- In task id order, so two statements bumping the same tasks cannot deadlock.
-        INSERT INTO scheduling_taskversion (periodic_task_id, version)
-        SELECT task_id, 1 FROM affected ORDER BY task_id
-        ON CONFLICT (periodic_task_id)
-            DO UPDATE SET version = scheduling_taskversion.version + 1
-        RETURNING periodic_task_id, version
-    )
-    INSERT INTO scheduling_taskhistory
-        (periodic_task_id, periodic_task_name, version, kind, object_id, operation,
-         before, after, changed_at, actor, role)
-    SELECT a.task_id, a.task_name, b.version, kind, a.object_id, operation,
-           CASE WHEN a.old IS NULL OR a.new IS NULL THEN a.old ELSE
-               (SELECT jsonb_object_agg(key, value) FROM jsonb_each(a.old)
-                WHERE a.new->key IS DISTINCT FROM value) END,
-           CASE WHEN a.old IS NULL OR a.new IS NULL THEN a.new ELSE
-               (SELECT jsonb_object_agg(key, value) FROM jsonb_each(a.new)
-                WHERE a.old->key IS DISTINCT FROM value) END,
-           clock_timestamp(), COALESCE(current_setting('scheduling.actor', true), ''),
-           current_user
-    FROM affected AS a JOIN bumped AS b ON b.periodic_task_id = a.task_id;
-$$;
 """
 
-#: Trigger functions that run in the editing session, beside scheduling_write_history.
-_TRIGGER_FUNCTIONS = (
-    "scheduling_record_history()", "scheduling_note_task_change()",
-    "scheduling_note_schedule_change()", "scheduling_note_task_insert()",
-)
-
-_PREVIOUS = """
-CREATE OR REPLACE FUNCTION scheduling_write_history(kind text, operation text, changes jsonb)
-RETURNS void LANGUAGE sql AS $$
-    WITH change AS (
-        SELECT NULLIF(c->0, 'null') AS old, NULLIF(c->1, 'null') AS new,
-               COALESCE(COALESCE(NULLIF(c->1, 'null'), c->0)->>'id',
-                        COALESCE(NULLIF(c->1, 'null'), c->0)->>'periodic_task_id')::integer
-                   AS object_id
-        FROM jsonb_array_elements(changes) AS c
-    ),
-    affected AS (
+#: 0016's: one join on an OR of every kind.
+_AFFECTED_ANY_KIND = """    affected AS (
         SELECT c.object_id AS task_id, COALESCE(c.new, c.old)->>'name' AS task_name, c.*
         FROM change AS c WHERE kind = 'task'
         UNION ALL
@@ -109,29 +98,17 @@ RETURNS void LANGUAGE sql AS $$
             OR (kind = 'clocked' AND t.clocked_id = c.object_id)
             OR (kind = 'policy' AND t.id = c.object_id)
     ),
-    bumped AS (
-        -- In task id order, so two statements bumping the same tasks cannot deadlock.
-        INSERT INTO scheduling_taskversion (periodic_task_id, version)
-        SELECT task_id, 1 FROM affected ORDER BY task_id
-        ON CONFLICT (periodic_task_id)
-            DO UPDATE SET version = scheduling_taskversion.version + 1
-        RETURNING periodic_task_id, version
-    )
-    INSERT INTO scheduling_taskhistory
-        (periodic_task_id, periodic_task_name, version, kind, object_id, operation,
-         before, after, changed_at, actor, role)
-    SELECT a.task_id, a.task_name, b.version, kind, a.object_id, operation,
-           CASE WHEN a.old IS NULL OR a.new IS NULL THEN a.old ELSE
-               (SELECT jsonb_object_agg(key, value) FROM jsonb_each(a.old)
-                WHERE a.new->key IS DISTINCT FROM value) END,
-           CASE WHEN a.old IS NULL OR a.new IS NULL THEN a.new ELSE
-               (SELECT jsonb_object_agg(key, value) FROM jsonb_each(a.new)
-                WHERE a.old->key IS DISTINCT FROM value) END,
-           clock_timestamp(), COALESCE(current_setting('scheduling.actor', true), ''),
-           current_user
-    FROM affected AS a JOIN bumped AS b ON b.periodic_task_id = a.task_id;
-$$;
 """
+
+_FUNCTION = _WRITE_HISTORY.format(options=" SET jit = off", affected=_AFFECTED_BY_KIND)
+
+#: Trigger functions that run in the editing session, beside scheduling_write_history.
+_TRIGGER_FUNCTIONS = (
+    "scheduling_record_history()", "scheduling_note_task_change()",
+    "scheduling_note_schedule_change()", "scheduling_note_task_insert()",
+)
+
+_PREVIOUS = _WRITE_HISTORY.format(options="", affected=_AFFECTED_ANY_KIND)
 
 
 class Migration(migrations.Migration):

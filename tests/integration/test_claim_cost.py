@@ -115,7 +115,7 @@ def test_on_redis_a_claims_messages_reach_the_broker_at_the_flush(make_task):
                 waiting.append(client.llen(queue))
 
             dispatched = ledger.claim_and_dispatch(
-                scheduler._publish, replica_id="test:1", batch_size=10, grace=GRACE, flush=flush
+                scheduler._publisher(), replica_id="test:1", batch_size=10, grace=GRACE, flush=flush
             )
     finally:
         client.delete(queue)
