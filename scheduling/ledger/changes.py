@@ -14,13 +14,17 @@ from datetime import datetime, timedelta
 from django.db import connections
 from django.db.models import Q
 
-from scheduling.clock import ClockTimestamp
 from scheduling.models import ScheduleChange
 from scheduling.sql import queries
 
 #: How long a definition change is looked at by reconcile passes (and kept): long enough for the
 #: editing transaction to have committed, so a plan made from the old definition is caught.
 CHANGE_RETENTION = timedelta(minutes=10)
+#: The kinds of schedule row a periodic task points to (a change names the row's id).
+SCHEDULE_KINDS = (
+    ScheduleChange.Kind.INTERVAL, ScheduleChange.Kind.CRONTAB, ScheduleChange.Kind.SOLAR,
+    ScheduleChange.Kind.CLOCKED,
+)
 
 
 class SettledChanges:
@@ -80,15 +84,22 @@ def recent_changes(
 
     With ``settled`` (the replica's memory), the rows it settled are left out.
     """
-    log = ScheduleChange.objects.using(using)
-    log.filter(changed_at__lt=ClockTimestamp() - CHANGE_RETENTION).delete()
-    rows = list(log.values_list("id", "kind", "object_id"))
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries["schedule_changes_prune"], [CHANGE_RETENTION])
+        cursor.execute(queries["schedule_changes"])
+        rows: list[tuple[int, str, int]] = cursor.fetchall()
     if settled is not None:
         rows = settled.unsettled(rows, using)
     changed: dict[str, set[int]] = {}
     for _, kind, object_id in rows:
         changed.setdefault(kind, set()).add(object_id)
     return changed
+
+
+def changed_task_params(changed: dict[str, set[int]]) -> dict[str, list[int]]:
+    """The parameters of the SQL fragment ``fragment_changed_task``: ids by kind, sorted."""
+    kinds = (ScheduleChange.Kind.TASK, *SCHEDULE_KINDS)
+    return {str(kind): sorted(changed.get(kind, ())) for kind in kinds}
 
 
 def affected(changed: dict[str, set[int]], prefix: str) -> Q:

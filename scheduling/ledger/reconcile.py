@@ -11,18 +11,24 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import slots
 from scheduling.clock import ClockTimestamp, database_now
 from scheduling.exceptions import ScheduleError
-from scheduling.ledger.changes import SettledChanges, affected, recent_changes
+from scheduling.ledger.changes import (
+    SettledChanges,
+    affected,
+    changed_task_params,
+    recent_changes,
+)
 from scheduling.ledger.lost import LostExecutions, close_lost_executions
 from scheduling.ledger.planning import SCHEDULE_RELATED, plan_missing
 from scheduling.ledger.writes import insert_pending
 from scheduling.models import Run, ScheduleChange
+from scheduling.sql import queries
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +73,7 @@ def reconcile(
     replan_edited(using, changed)
     if full:
         planned = plan_missing(grace, using)
-    elif changed or unplanned:
+    elif (changed or unplanned) and _may_be_unplanned(changed, unplanned, using):
         only = affected(changed, prefix="") | Q(id__in=sorted(unplanned))
         planned = plan_missing(grace, using, only=only)
     else:
@@ -84,20 +90,14 @@ def _cancel_orphans(using: str, task_ids: set[int] | None) -> None:
 
     ``task_ids``: look for disabled tasks among these only (None: among all).
     """
-    orphan = Q(periodic_task__isnull=True)
-    disabled = Q(trigger=Run.Trigger.SCHEDULE, periodic_task__enabled=False)
-    if task_ids is None:
-        orphan |= disabled
-    elif task_ids:
-        orphan |= disabled & Q(periodic_task_id__in=sorted(task_ids))
-    with transaction.atomic(using=using):
-        orphans = list(
-            Run.objects.using(using)
-            .pending()
-            .filter(orphan)
-            .select_for_update(skip_locked=True, of=("self",))
-            .values_list("pk", "periodic_task_id")
-        )
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        if task_ids is None:
+            cursor.execute(queries["orphan_runs_all"])
+        elif task_ids:
+            cursor.execute(queries["orphan_runs"], {"tasks": sorted(task_ids)})
+        else:
+            cursor.execute(queries["orphan_runs_of_deleted"])
+        orphans: list[tuple[int, int | None]] = cursor.fetchall()
         if not orphans:
             return
         deleted = [pk for pk, task_id in orphans if task_id is None]
@@ -120,8 +120,11 @@ def replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> Non
     task's scheduling columns or of a schedule row, including ``QuerySet.update()`` and raw SQL)
     names what changed in the last CHANGE_RETENTION (``changed``, by kind; read from the log when
     None, less the unplanned entries, which only ``plan_missing`` uses). Only the pending, not
-    yet due scheduled runs of tasks named there, or using a schedule row named there, are looked
-    at: each gets its slot
+    yet due scheduled runs of tasks named there, or using a schedule row named there, planned
+    from an older definition than the task's current one (``Run.definition_version`` against
+    ``TaskVersion``, which the history triggers move in the editing transaction; either unknown
+    counts as older) are looked at, and nothing else is read when there are none (one query):
+    each gets its slot
     recomputed from the current definition: the first slot after the database clock and after
     the task's last run (``slots.initial_run`` with no grace), so an edit never fires a slot that
     is already past, even one inside the grace period. A run whose slot moved is cancelled
@@ -134,7 +137,7 @@ def replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> Non
     if changed is None:
         changed = recent_changes(using)
         changed.pop(ScheduleChange.Kind.UNPLANNED, None)
-    if not changed:
+    if not changed or not _planned_from_older_definition(changed, using):
         return
     with transaction.atomic(using=using):
         now = database_now(using)
@@ -174,6 +177,28 @@ def replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> Non
                 finished_at=ClockTimestamp(),
             )
         insert_pending(replacements, using)
+
+
+def _planned_from_older_definition(changed: dict[str, set[int]], using: str) -> bool:
+    """Whether a task named in ``changed`` has a pending scheduled run not yet due planned from
+    an older definition than its current one (``Run.definition_version`` against
+    ``TaskVersion``, or either unknown): the only runs ``replan_edited`` can move.
+
+    One indexed query, and no Django query to build when it says no: each replica passes for
+    each edit, and after the first pass (which re-planned the edit) the others find nothing.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries["stale_plans"], changed_task_params(changed))
+        return bool(cursor.fetchone()[0])
+
+
+def _may_be_unplanned(changed: dict[str, set[int]], unplanned: set[int], using: str) -> bool:
+    """Whether an enabled task named in ``changed`` or in ``unplanned`` has no pending scheduled
+    run: what ``plan_missing`` would look at (paused tasks included; it leaves them alone)."""
+    params = {**changed_task_params(changed), "unplanned": sorted(unplanned)}
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries["unplanned_tasks"], params)
+        return bool(cursor.fetchone()[0])
 
 
 def _last_slot_of_task() -> QuerySet[Run]:

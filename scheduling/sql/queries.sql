@@ -1,9 +1,10 @@
 -- Every static SQL statement of the scheduling app, one block per name, loaded by scheduling.sql.
 --
 -- A block starts with a line "-- name --", then comment lines saying what it is for, then the
--- statement. {run}, {periodic_task}, {change_marker} and {replica} are the tables' names (the
--- models' db_table, filled in when the file is loaded); {fragment_...} is the text of the
--- fragment block of that name. Parameters are psycopg's: %s, or %(name)s.
+-- statement. {run}, {periodic_task}, {change_marker}, {replica}, {task_policy}, {task_version}
+-- and {schedule_change} are the tables' names (the models' db_table, filled in when the file is
+-- loaded); {fragment_...} is the text of the fragment block of that name. Parameters are
+-- psycopg's: %s, or %(name)s.
 -- The execution-lock key of a run's attempt is the SQL function scheduling_execution_lock_key
 -- (task id, retries), created by migration 0011: the guard and the lost-worker sweep both call it.
 
@@ -314,3 +315,74 @@ SELECT clock_timestamp(),
  WHERE datname = current_database()
    AND backend_type = 'client backend'
    AND pid <> pg_backend_pid()
+
+-- schedule_changes_prune --
+-- The change-log rows past ledger.CHANGE_RETENTION (%s, an interval), deleted by each pass.
+DELETE FROM {schedule_change} WHERE changed_at < clock_timestamp() - %s
+
+-- schedule_changes --
+-- The change log as a reconcile pass reads it: (id, kind, object id).
+SELECT id, kind, object_id FROM {schedule_change}
+
+-- fragment_changed_task --
+-- Periodic task t is named by the change log (ledger.changes.affected): its own id, or the id of
+-- its schedule row, by kind; the parameters are arrays of ids (empty when no row of that kind).
+(t.id = ANY(%(task)s) OR t.interval_id = ANY(%(interval)s) OR t.crontab_id = ANY(%(crontab)s)
+ OR t.solar_id = ANY(%(solar)s) OR t.clocked_id = ANY(%(clocked)s))
+
+-- orphan_runs_of_deleted --
+-- The pending runs of deleted tasks (a pass that no change names a task in), skipping and
+-- locking those a claim holds: (run id, task id).
+SELECT id, periodic_task_id
+  FROM {run}
+ WHERE status = 'pending' AND periodic_task_id IS NULL
+   FOR UPDATE SKIP LOCKED
+
+-- orphan_runs --
+-- The same, and the pending scheduled runs of the disabled tasks among %(tasks)s (an array of
+-- ids).
+SELECT r.id, r.periodic_task_id
+  FROM {run} r LEFT JOIN {periodic_task} t ON t.id = r.periodic_task_id
+ WHERE r.status = 'pending'
+   AND (r.periodic_task_id IS NULL
+        OR (r.trigger = 'schedule' AND NOT t.enabled AND r.periodic_task_id = ANY(%(tasks)s)))
+   FOR UPDATE OF r SKIP LOCKED
+
+-- orphan_runs_all --
+-- The same among every task (a full pass).
+SELECT r.id, r.periodic_task_id
+  FROM {run} r LEFT JOIN {periodic_task} t ON t.id = r.periodic_task_id
+ WHERE r.status = 'pending'
+   AND (r.periodic_task_id IS NULL OR (r.trigger = 'schedule' AND NOT t.enabled))
+   FOR UPDATE OF r SKIP LOCKED
+
+-- stale_plans --
+-- Whether an enabled task named by the change log has a pending scheduled run not yet due that
+-- was planned from an older definition than the task's current one: its Run.definition_version
+-- is not TaskVersion's (the history triggers add 1 to it in the editing transaction, for any
+-- change of the task, its schedule row or its policy), or either unknown. Only such a run can
+-- need re-planning (reconcile.replan_edited): a plan made from the current definition is what
+-- planning would make now. So a replica's pass after another's, which re-planned the edit, reads
+-- no task: one indexed query.
+SELECT EXISTS (
+    SELECT 1
+      FROM {periodic_task} t
+      JOIN {run} r ON r.periodic_task_id = t.id
+      LEFT JOIN {task_version} v ON v.periodic_task_id = t.id
+     WHERE {fragment_changed_task}
+       AND t.enabled
+       AND r.status = 'pending' AND r.trigger = 'schedule' AND r.due_at > clock_timestamp()
+       AND (r.definition_version IS NULL OR v.version IS NULL
+            OR r.definition_version <> v.version))
+
+-- unplanned_tasks --
+-- Whether an enabled task named by the change log, or among %(unplanned)s, has no pending
+-- scheduled run: what planning.plan_missing may plan (it also leaves paused tasks alone).
+SELECT EXISTS (
+    SELECT 1
+      FROM {periodic_task} t
+     WHERE ({fragment_changed_task} OR t.id = ANY(%(unplanned)s))
+       AND t.enabled
+       AND NOT EXISTS (SELECT 1 FROM {run} r
+                        WHERE r.periodic_task_id = t.id
+                          AND r.status = 'pending' AND r.trigger = 'schedule'))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections import Counter
 from datetime import timedelta
@@ -234,29 +235,48 @@ def test_a_change_settles_only_once_every_transaction_open_when_it_was_read_has_
     assert recent_changes("default", settled) == {}
 
 
-def test_a_pass_leaves_settled_changes_out(make_task, looked_at):
+def test_a_pass_leaves_settled_changes_out(make_task, looked_at, monkeypatch):
+    """Each pass reads the change log less what it settled; a run already planned from its
+    task's current definition (``definition_version``) has no slot recomputed."""
     tasks = [make_task(cron="0 3 * * *") for _ in range(3)]
     ledger.reconcile(GRACE)
     settled = ledger.SettledChanges()
+    read: list[dict[str, set[int]]] = []
+
+    def reading(using, settled=None):
+        changed = recent_changes(using, settled)
+        read.append({kind: set(ids) for kind, ids in changed.items()})
+        return changed
+
+    monkeypatch.setattr(importlib.import_module("scheduling.ledger.reconcile"), "recent_changes",
+                        reading)
     for task in tasks:
         task.crontab = CrontabSchedule.objects.get_or_create(
             minute="0", hour="6", day_of_month="*", month_of_year="*", day_of_week="*",
             timezone="UTC",
         )[0]
         task.save()
+    ids = {t.pk for t in tasks}
+    read.clear()
     looked_at.clear()
     ledger.reconcile(GRACE, full=False, settled=settled)  # re-plans the three
-    ledger.reconcile(GRACE, full=False, settled=settled)  # nothing open: the last look
-    assert Counter(looked_at) == {t.pk: 2 for t in tasks}
+    assert Counter(looked_at) == {t.pk: 1 for t in tasks}
     looked_at.clear()
+    ledger.reconcile(GRACE, full=False, settled=settled)  # nothing open: the last look
+    assert looked_at == []  # their runs carry the current definition version
+    assert [changed.get("task", set()) & ids for changed in read] == [ids, ids]
+    read.clear()
     ledger.reconcile(GRACE, full=False, settled=settled)
+    assert read == [{}]
     assert looked_at == []
     tasks[0].crontab = tasks[1].crontab = CrontabSchedule.objects.get_or_create(
         minute="0", hour="7", day_of_month="*", month_of_year="*", day_of_week="*",
         timezone="UTC",
     )[0]
     tasks[0].save()
+    read.clear()
     ledger.reconcile(GRACE, full=False, settled=settled)
+    assert read == [{"task": {tasks[0].pk}}]
     assert looked_at == [tasks[0].pk]
     hours = {r.periodic_task_id: r.scheduled_for.hour for r in Run.objects.pending()}
     assert hours == {tasks[0].pk: 7, tasks[1].pk: 6, tasks[2].pk: 6}

@@ -66,6 +66,28 @@ def test_a_pass_with_nothing_changed_runs_three_queries_and_reads_no_task(make_t
     assert not any("django_celery_beat_periodictask" in s for s in statements)
 
 
+def test_a_pass_after_another_replicas_pass_for_the_same_edit_builds_no_planning_query(make_task):
+    """Each replica passes for each edit; after the first (which re-planned it) the others find
+    the runs planned from the current definition version: a few statements, none reading the
+    tasks' schedule rows (where the Django queries that re-plan and plan cost milliseconds of
+    CPU each, a replica's share of an edit storm)."""
+    tasks = [make_task(cron="0 3 * * *") for _ in range(3)]
+    ledger.reconcile(GRACE)
+    ScheduleChange.objects.all().delete()
+    crontab = tasks[0].crontab
+    crontab.hour = "5"
+    crontab.save()
+    assert ledger.reconcile(GRACE, full=False) == 0  # re-plans the three (cancel + insert)
+    assert {r.scheduled_for.hour for r in Run.objects.pending()} == {5}
+    with CaptureQueriesContext(connection) as captured:  # another replica's pass, same change
+        assert ledger.reconcile(GRACE, full=False, settled=ledger.SettledChanges()) == 0
+    statements = _statements(captured)
+    # The log pruned and read, the horizon, orphans, plans from an older version, unplanned.
+    assert [s.split()[0] for s in statements] == ["DELETE"] + ["SELECT"] * 5
+    assert not any("django_celery_beat_crontabschedule" in s for s in statements)
+    assert {r.scheduled_for.hour for r in Run.objects.pending()} == {5}
+
+
 def test_a_created_task_is_logged_unplanned_and_planned_by_the_next_pass(make_task):
     task = make_task(every=3600)
     assert list(ScheduleChange.objects.values_list("kind", "object_id")) == [
