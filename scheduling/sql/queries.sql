@@ -69,8 +69,13 @@ SELECT pg_advisory_unlock(%s)
 SELECT pg_advisory_xact_lock(%s)
 
 -- lock_tasks --
--- The periodic tasks a claim updates, locked in id order so two claims cannot deadlock.
-SELECT id FROM {periodic_task} WHERE id = ANY(%s) ORDER BY id FOR UPDATE
+-- The periodic tasks a claim (or a replica's bookkeeping) updates, locked in id order so two
+-- writers cannot deadlock. FOR NO KEY UPDATE, the lock their UPDATE takes anyway: it leaves the
+-- rows to the foreign-key checks (FOR KEY SHARE) of runs inserted elsewhere, which Django defers
+-- to COMMIT and takes in the runs' order; FOR UPDATE made those wait, and a claim committing its
+-- next runs deadlocked with a bookkeeping write holding some of the same tasks (seen in the
+-- benchmark's lateness scenario: the claim rolled back after its messages went out).
+SELECT id FROM {periodic_task} WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE
 
 -- update_tasks --
 -- last_run_at, total_run_count and enabled of the tasks a claim dispatched, without moving

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import ledger, slots
+from scheduling.ledger.writes import insert_pending
 from scheduling.models import Run
+from scheduling.sql import queries
 from tests.integration.conftest import GRACE
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -158,3 +161,23 @@ def test_a_replica_writes_its_book_at_a_clean_stop(make_task):
     scheduler.close()
     task.refresh_from_db()
     assert (task.last_run_at, task.total_run_count) == (start, 1)
+
+
+def test_locking_tasks_to_update_them_leaves_other_transactions_foreign_key_checks_alone(
+    make_task, raw_connection
+):
+    """A claim's (or a pass's) new runs are checked against their task rows at COMMIT (Django's
+    foreign keys are deferred), a FOR KEY SHARE lock each, in the runs' order. A bookkeeping
+    write holding some of those tasks must not make the COMMIT wait: with FOR UPDATE it did,
+    and a claim deadlocked with a replica's bookkeeping (the claim rolled back after its
+    messages went out, and its runs were published again)."""
+    task = make_task(every=3600)
+    raw_connection.execute(queries["lock_tasks"], [[task.pk]])  # held: raw_connection's transaction
+    start = time.monotonic()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '5s'")
+        assert insert_pending([(task, ledger.database_now() + timedelta(hours=1))]) == 1
+    assert time.monotonic() - start < 4.0
+    raw_connection.rollback()
+    assert Run.objects.pending().filter(periodic_task=task).count() == 1
