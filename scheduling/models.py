@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import models
-from django.db.models import Q
-from django.db.models.functions import Now
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce, Now
 from django_celery_beat.models import PeriodicTask
 
 
@@ -510,12 +510,20 @@ class Run(models.Model):
             ),
             models.Index(fields=["periodic_task", "-scheduled_for"], name="scheduling_run_recent"),
             models.Index(fields=["task_id"], name="scheduling_run_task_id"),
-            # "Is a run of this task still going?" (overlap policy, in the claim query). Also the
-            # delivery deadline's read of dispatched runs: unfinished runs are few at any time.
+            # "Is a run of this task still going?" (overlap policy, in the claim query).
             models.Index(
                 fields=["periodic_task", "-dispatched_at"],
                 condition=Q(status__in=["dispatched", "running", "retrying"]),
                 name="scheduling_run_unfinished",
+            ),
+            # Dispatched runs by their last publish (the delivery deadline's redelivery, oldest
+            # first, and the health probe): a pass reads only the runs published longer ago
+            # than the shortest deadline, not every run a backlog (workers down, a broker
+            # queue piling up) left dispatched.
+            models.Index(
+                Coalesce("republished_at", "dispatched_at"), F("id"),
+                condition=Q(status="dispatched"),
+                name="scheduling_run_published",
             ),
             # The overdue watch's candidates (ledger.mark_overdue, by slot): scheduled runs not
             # yet found overdue that may still become so. A run leaves it when it succeeds or is

@@ -119,6 +119,15 @@ FROM unnest(%s::bigint[], %s::integer[], %s::text[]) AS v(id, executions, error)
 WHERE r.id = v.id AND r.executions = v.executions AND r.status = 'running' AND {fragment_lock_free}
 RETURNING r.id, r.executions, r.task_id, r.periodic_task_name
 
+-- fragment_published_before_shortest_deadline --
+-- Run r was last published before the shortest delivery deadline in force (a task policy's, or
+-- %(timeout)s seconds) from the statement's start: a bound on the index scheduling_run_published
+-- (a stable expression, which clock_timestamp() is not), so a pass reads the dispatched runs
+-- that may be overdue, not a whole backlog of them. The exact, per-task condition follows it.
+COALESCE(r.republished_at, r.dispatched_at) < statement_timestamp()
+    - make_interval(secs => LEAST(%(timeout)s,
+                                  (SELECT min(delivery_timeout_seconds) FROM {task_policy}))::float8)
+
 -- overdue_deliveries --
 -- Dispatched runs no worker started within their delivery deadline (the task policy's
 -- delivery_timeout_seconds, else %(timeout)s seconds) since their last publish, oldest first,
@@ -126,6 +135,7 @@ RETURNING r.id, r.executions, r.task_id, r.periodic_task_name
 SELECT r.id
 FROM {run} r LEFT JOIN {task_policy} p ON p.periodic_task_id = r.periodic_task_id
 WHERE r.status = 'dispatched'
+  AND {fragment_published_before_shortest_deadline}
   AND COALESCE(r.republished_at, r.dispatched_at) < clock_timestamp()
       - make_interval(secs => COALESCE(p.delivery_timeout_seconds, %(timeout)s)::float8)
 ORDER BY COALESCE(r.republished_at, r.dispatched_at), r.id
@@ -139,6 +149,7 @@ FOR UPDATE OF r SKIP LOCKED
 SELECT count(*)
 FROM {run} r LEFT JOIN {task_policy} p ON p.periodic_task_id = r.periodic_task_id
 WHERE r.status = 'dispatched'
+  AND {fragment_published_before_shortest_deadline}
   AND COALESCE(r.republished_at, r.dispatched_at) < clock_timestamp()
       - make_interval(secs => (COALESCE(p.delivery_timeout_seconds, %(timeout)s) + %(grace)s)::float8)
 

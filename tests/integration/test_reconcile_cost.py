@@ -21,7 +21,7 @@ from project.celery import app
 from scheduling import ledger
 from scheduling.models import Run, ScheduleChange
 from scheduling.schedulers import LedgerScheduler
-from scheduling.sql import RECONCILE_LOCK
+from scheduling.sql import RECONCILE_LOCK, queries
 from tests.integration.conftest import GRACE, claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -153,6 +153,26 @@ def test_the_claim_and_the_poll_read_the_pending_index_in_due_order(make_task):
     assert "Scan using scheduling_run_pending_due" in claim_plan
     assert "Index Cond: (due_at <= statement_timestamp())" in claim_plan
     assert "Sort" not in claim_plan  # the index is in the claim's order (due_at, id)
+
+
+def test_the_redelivery_reads_only_runs_published_before_the_shortest_deadline(make_task):
+    """Each pass looks for overdue dispatched runs; a backlog of dispatched runs (workers down)
+    is not read whole: the index of dispatched runs by last publish is scanned from the oldest
+    up to the shortest delivery deadline in force (a policy's, or the setting)."""
+    make_task(every=3600)
+    ledger.reconcile(GRACE)
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")  # a tiny table: show a big one's plan
+        cursor.execute("SET enable_bitmapscan = off")
+        cursor.execute(
+            "EXPLAIN " + queries["overdue_deliveries"], {"timeout": 3600.0, "limit": 100}
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET enable_seqscan")
+        cursor.execute("RESET enable_bitmapscan")
+    assert "Index Scan using scheduling_run_published" in plan
+    assert "Index Cond: (COALESCE(republished_at, dispatched_at) < (statement_timestamp()" in plan
+    assert "Sort" not in plan  # oldest first is the index's order
 
 
 def test_one_replica_reconciles_at_a_time_and_the_others_go_on_dispatching(
