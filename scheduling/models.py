@@ -525,6 +525,11 @@ class Run(models.Model):
                 condition=Q(status="dispatched"),
                 name="scheduling_run_published",
             ),
+            # Running runs (the lost-worker sweep of every pass, ledger.close_lost_executions):
+            # few, however many dispatched runs a backlog leaves beside them.
+            models.Index(
+                fields=["id"], condition=Q(status="running"), name="scheduling_run_running"
+            ),
             # The overdue watch's candidates (ledger.mark_overdue, by slot): scheduled runs not
             # yet found overdue that may still become so. A run leaves it when it succeeds or is
             # marked; failed, missed and expired runs of tasks without a deadline stay, and the
