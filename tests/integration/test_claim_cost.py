@@ -168,7 +168,9 @@ def test_the_ledger_has_no_index_that_another_one_already_serves():
         "scheduling_run_pending_due",
         "scheduling_run_pending_orphan",
         "scheduling_run_pkey",
+        "scheduling_run_published",  # partial: dispatched runs by last publish (redelivery)
         "scheduling_run_recent",
+        "scheduling_run_running",  # partial: running runs (the lost-worker sweep)
         "scheduling_run_task_id",
         "scheduling_run_unfinished",
         "scheduling_run_unique_task_id",
