@@ -88,6 +88,7 @@ def _ledger(bench, tasks: list[int], way: str, **env: str) -> float:
     """Our replica dispatches every task's next run at one instant, with no worker running;
     then one worker runs them all."""
     deployment = bench.deployment(f"guard-{way}", **env)
+    data.close_undelivered()
     try:
         deployment.start_beat("replica-1")
         deployment.wait_for_log("replica-1", READY, timeout=120)
@@ -117,7 +118,9 @@ def _drained(bench, deployment: Deployment, n: int) -> float:
     log = deployment.log_path("worker")
     deadline = time.monotonic() + 60 + n / 20
     while time.monotonic() < deadline:
-        if log.exists() and log.read_text(errors="replace").count(" succeeded in ") >= n:
+        if log.exists() and sum(
+            what == "succeeded" for what, _, _ in worker_log(log.read_text(errors="replace"))
+        ) >= n:
             break
         time.sleep(0.2)
     deployment.stop("worker")
