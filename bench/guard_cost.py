@@ -88,7 +88,7 @@ def _ledger(bench, tasks: list[int], way: str, **env: str) -> float:
     """Our replica dispatches every task's next run at one instant, with no worker running;
     then one worker runs them all."""
     deployment = bench.deployment(f"guard-{way}", **env)
-    data.close_undelivered()
+    data.clear_ledger()
     try:
         deployment.start_beat("replica-1")
         deployment.wait_for_log("replica-1", READY, timeout=120)

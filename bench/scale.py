@@ -289,6 +289,7 @@ def _ledger_window(bench: Bench, prune: bool) -> LedgerWindow:
                "BENCH_PRUNE_OLDER_THAN": str(s.retention),
                "BENCH_PRUNE_INTERVAL": str(s.prune_interval)}
     names = [f"replica-{i}" for i in range(1, s.replicas + 1)]
+    data.clear_ledger()  # the window's ledger is its own: no run of earlier scenarios in it
     deployment = bench.deployment(f"day-ledger-{kind}")
     arrivals = Arrivals(bench.broker, deployment.queue).start()  # takes the messages off
     finisher = None
