@@ -120,11 +120,11 @@ def replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> Non
     task's scheduling columns or of a schedule row, including ``QuerySet.update()`` and raw SQL)
     names what changed in the last CHANGE_RETENTION (``changed``, by kind; read from the log when
     None, less the unplanned entries, which only ``plan_missing`` uses). Only the pending, not
-    yet due scheduled runs of tasks named there, or using a schedule row named there, planned
-    from an older definition than the task's current one (``Run.definition_version`` against
-    ``TaskVersion``, which the history triggers move in the editing transaction; either unknown
-    counts as older) are looked at, and nothing else is read when there are none (one query):
-    each gets its slot
+    yet due scheduled runs of tasks named there, or using a schedule row named there, are looked
+    at, and only when one of them was planned from an older definition than its task's current
+    one (``Run.definition_version`` against ``TaskVersion``, which the history triggers move in
+    the editing transaction; either unknown counts as older): one query says so, and nothing
+    else is read when none was. Each gets its slot
     recomputed from the current definition: the first slot after the database clock and after
     the task's last run (``slots.initial_run`` with no grace), so an edit never fires a slot that
     is already past, even one inside the grace period. A run whose slot moved is cancelled
