@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 from django_celery_beat.models import CrontabSchedule, PeriodicTask, PeriodicTasks
 
-from scheduling.models import ScheduleChange, TaskHistory
+from scheduling.models import ScheduleChange, TaskHistory, TaskVersion
 
 pytestmark = pytest.mark.django_db
 
@@ -53,3 +53,56 @@ def test_disabling_thousands_of_tasks_after_one_edit_records_each_in_linear_time
                        [ids[0]])
     assert ScheduleChange.objects.order_by("-id").values_list("kind", "object_id")[0] == (
         "task", ids[0])
+
+
+def _writer_calls() -> int:
+    """Calls of the history writer in this transaction (``track_functions`` is on: see below)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COALESCE(sum(calls), 0) FROM pg_stat_xact_user_functions"
+            " WHERE funcname = 'scheduling_write_history'"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_statement_is_written_in_parts_each_row_once_with_its_version():
+    # One byte a part: each row its own call of the writer (migration 0021), for an INSERT, an
+    # UPDATE and a DELETE of more rows than an edit's (8).
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL track_functions = 'all'")
+        cursor.execute("SET LOCAL scheduling.history_part_bytes = 1")
+    crontab = CrontabSchedule.objects.create(minute="0", hour="3")
+    PeriodicTask.objects.bulk_create(
+        PeriodicTask(name=f"part-{i}", task="project.tasks.record", crontab=crontab)
+        for i in range(20)
+    )
+    ids = sorted(PeriodicTask.objects.filter(name__startswith="part-").values_list("pk", flat=True))
+    assert _writer_calls() == 20
+    assert PeriodicTask.objects.filter(pk__in=ids).update(enabled=False) == 20
+    assert _writer_calls() == 40
+    assert sorted(TaskVersion.objects.filter(periodic_task_id__in=ids).values_list(
+        "periodic_task_id", "version")) == [(pk, 2) for pk in ids]
+    PeriodicTask.objects.filter(pk__in=ids).delete()
+    assert _writer_calls() == 60
+    recorded = TaskHistory.objects.filter(periodic_task_id__in=ids)
+    assert sorted(recorded.values_list("periodic_task_id", "version", "operation")) == sorted(
+        (pk, version, operation) for pk in ids
+        for version, operation in ((1, "created"), (2, "changed"), (3, "deleted"))
+    )
+    assert all(e.after == {"enabled": False} for e in recorded.filter(operation="changed"))
+    assert not TaskVersion.objects.filter(periodic_task_id__in=ids).exists()
+
+
+def test_an_update_of_more_than_a_jsonb_arrays_256_mb_is_recorded():
+    # Each row is 1 MB before and 1 MB after: 300 MB in one array, past PostgreSQL's limit
+    # (268,435,455 bytes), which a million-task UPDATE reached in issue 17's bench.
+    big = "x" * 1_000_000
+    PeriodicTask.objects.bulk_create(
+        PeriodicTask(name=f"large-{i}", task="project.tasks.record", description=big,
+                     crontab=CrontabSchedule.objects.create(minute="0", hour="3"))
+        for i in range(150)
+    )
+    ids = PeriodicTask.objects.filter(name__startswith="large-").values_list("pk", flat=True)
+    assert PeriodicTask.objects.filter(pk__in=ids).update(enabled=False) == 150
+    assert sorted(TaskHistory.objects.filter(operation="changed").values_list(
+        "periodic_task_id", "after")) == sorted((pk, {"enabled": False}) for pk in ids)
