@@ -103,7 +103,8 @@ def million(bench: Bench) -> list[Row]:
     bench.log(f"  {s.tasks:,} tasks: created in {created:.1f} s, planned in {planned:.1f} s")
     time.sleep(bench.sizes.settle / 2)  # the bulk load's aftermath, as the idle scenario waits
     high = bench.tick_costs[s.tasks] = scenarios.tick_cost(bench)
-    bench.log(f"  idle tick at {s.tasks:,} tasks: {high.describe()}")
+    bench.log(f"  idle tick at {s.tasks:,} tasks: {high.describe()}; the slowest statements of"
+              f" a pass: {high.slowest()}")
     deployment = bench.deployment("million")
     try:
         launched = time.time()

@@ -290,23 +290,28 @@ def _burst_stock(bench: Bench, tasks: list[int]) -> tuple[float, int, float]:
 
 
 class _Meter:
-    """Counts the queries and client-side database time of the statements Django runs."""
+    """Counts the queries and client-side database time of the statements Django runs, and keeps
+    each statement's seconds and the start of its text (``statements``)."""
 
     def __init__(self) -> None:
         self.queries, self.seconds = 0, 0.0
+        self.statements: list[tuple[float, str]] = []
 
     def __call__(self, execute, sql, params, many, context):
         started = time.perf_counter()
         try:
             return execute(sql, params, many, context)
         finally:
+            took = time.perf_counter() - started
             self.queries += 1
-            self.seconds += time.perf_counter() - started
+            self.seconds += took
+            self.statements.append((took, " ".join(sql.split())[:90]))
 
 
-def _ticks(scheduler, count: int, before=None) -> tuple[float, float, float]:
-    """Median queries, database seconds and wall seconds of ``count`` ticks."""
-    queries, db, wall = [], [], []
+def _ticks(scheduler, count: int, before=None) -> tuple[float, float, float, tuple]:
+    """Median queries, database seconds and wall seconds of ``count`` ticks, and the three
+    slowest statements (seconds, text) of the tick of median database time."""
+    meters, wall = [], []
     for _ in range(count):
         if before is not None:
             before()
@@ -315,9 +320,11 @@ def _ticks(scheduler, count: int, before=None) -> tuple[float, float, float]:
             started = time.perf_counter()
             scheduler.tick()
             wall.append(time.perf_counter() - started)
-        queries.append(meter.queries)
-        db.append(meter.seconds)
-    return median(queries), median(db), median(wall)
+        meters.append(meter)
+    middle = sorted(meters, key=lambda m: m.seconds)[len(meters) // 2]
+    slowest = tuple(sorted(middle.statements, reverse=True)[:3])
+    return (median([m.queries for m in meters]), median([m.seconds for m in meters]),
+            median(wall), slowest)
 
 
 @dataclass(frozen=True)
@@ -326,8 +333,8 @@ class TickCost:
     poll-only tick and of a tick with a reconcile pass, and both amortized over
     ``TICKS_PER_RECONCILE`` ticks (one pass among them, as at the defaults)."""
 
-    poll: tuple[float, float, float]
-    passes: tuple[float, float, float]
+    poll: tuple[float, float, float, tuple]
+    passes: tuple[float, float, float, tuple]
 
     @property
     def queries(self) -> float:
@@ -342,6 +349,10 @@ class TickCost:
     def describe(self) -> str:
         return (f"{self.queries:.2f} q, {ms(self.db)} (poll {self.poll[0]:.0f} q"
                 f" {ms(self.poll[1])}; reconcile {self.passes[0]:.0f} q {ms(self.passes[1])})")
+
+    def slowest(self) -> str:
+        """The slowest statements of the median reconcile pass, for the log."""
+        return "; ".join(f"{ms(seconds)} {text}" for seconds, text in self.passes[3])
 
 
 def tick_cost(bench: Bench) -> TickCost:
@@ -380,6 +391,8 @@ def idle(bench: Bench) -> list[Row]:
         # disk: measure the steady state an idle replica sees, not that aftermath.
         time.sleep(bench.sizes.settle / 2)
         cost = bench.tick_costs[size] = tick_cost(bench)
+        bench.log(f"  idle tick at {size:,} tasks: {cost.describe()}; the slowest statements of"
+                  f" a pass: {cost.slowest()}")
         stock = DatabaseScheduler(app=app)
         stock.tick()  # the initial read of every task
         stock_tick = _ticks(stock, max(3, bench.sizes.ticks // 10))  # each one is slow

@@ -49,7 +49,8 @@ EXPECTED_ROWS = [
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "lateness max (ledger)"),
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "lateness p99 / max at the broker"),
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "slots dispatched as a run each (ledger)"),
-    ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "claim time at the start / end"),
+    ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "claim server time per due run at the start"),
+    ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "claim time at the start / end (prepared"),
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "dead tuples of scheduling_run"),
     ("failover, 2 trials", "kill to re-dispatch by another replica, median"),
     ("failover, 2 trials", "kill to re-dispatch by another replica, max"),
@@ -109,7 +110,9 @@ OURS = {
     rf" max {NUMBER} ms\)$",
     "time ratio": rf"^{NUMBER} ms / {NUMBER} ms$",
     "poll query": rf"^{NUMBER} ms$",
-    "claim time": rf"^{NUMBER} ms / {NUMBER} ms \({NUMBER} / {NUMBER} buffers\)$",
+    "claim server time per due run": rf"^{NUMBER} / {NUMBER} us \({NUMBER} / {NUMBER} buffers per"
+    rf" due run; {NUMBER} / {NUMBER} due\)$",
+    "claim time at the start": rf"^{NUMBER} ms / {NUMBER} ms$",
     "dead tuples": rf"^{NUMBER}$",
     "slots dispatched": rf"^{NUMBER} of {NUMBER} \({NUMBER} runs/s\); {NUMBER} coalesced or not"
     " dispatched$",
