@@ -50,14 +50,14 @@ END
 $$;
 """
 
-_IN_PARTS = _HEAD + """    part_bytes bigint := COALESCE(
+_IN_PARTS = "".join((_HEAD, """    part_bytes bigint := COALESCE(
         NULLIF(current_setting('scheduling.history_part_bytes', true), '')::bigint, 67108864);
     source text;
 BEGIN
     -- (Nested: PL/pgSQL evaluates both sides of AND, and an INSERT has no old rows.)
     IF TG_OP = 'UPDATE' THEN
         IF (SELECT count(*) FROM scheduling_new_rows) <= 8 THEN
-""" + _EDIT + """            IF changes IS NOT NULL THEN
+""", _EDIT, """            IF changes IS NOT NULL THEN
                 PERFORM scheduling_write_history(kind, operation, changes);
             END IF;
             RETURN NULL;
@@ -96,10 +96,10 @@ BEGIN
     LOOP
         PERFORM scheduling_write_history(kind, operation, changes);
     END LOOP;
-""" + _TAIL
+""", _TAIL))
 
 #: Migration 0018's function, with 0019's option.
-_WHOLE = _HEAD + """BEGIN
+_WHOLE = "".join((_HEAD, """BEGIN
     IF TG_OP = 'INSERT' THEN
         SELECT jsonb_agg(jsonb_build_array(NULL, to_jsonb(n) - '{last_run_at,total_run_count}'::text[])) INTO changes
         FROM scheduling_new_rows AS n;
@@ -107,7 +107,7 @@ _WHOLE = _HEAD + """BEGIN
         SELECT jsonb_agg(jsonb_build_array(to_jsonb(o) - '{last_run_at,total_run_count}'::text[], NULL)) INTO changes
         FROM scheduling_old_rows AS o;
     ELSIF (SELECT count(*) FROM scheduling_new_rows) <= 8 THEN  -- an edit: the session's plan
-""" + _EDIT + """    ELSE
+""", _EDIT, """    ELSE
         EXECUTE format($q$
             SELECT jsonb_agg(jsonb_build_array(c.old, c.new))
             FROM (
@@ -121,7 +121,7 @@ _WHOLE = _HEAD + """BEGIN
     IF changes IS NOT NULL THEN
         PERFORM scheduling_write_history(kind, operation, changes);
     END IF;
-""" + _TAIL
+""", _TAIL))
 
 
 class Migration(migrations.Migration):
