@@ -97,7 +97,8 @@ def recent_changes(
 
 
 def changed_task_params(changed: dict[str, set[int]]) -> dict[str, list[int]]:
-    """The parameters of the SQL fragment ``fragment_changed_task``: ids by kind, sorted."""
+    """The parameters of ``stale_plans`` and ``unplanned_tasks`` (queries.sql): the ids the
+    change log names, by kind (``task``, and each schedule kind), sorted."""
     kinds = (ScheduleChange.Kind.TASK, *SCHEDULE_KINDS)
     return {str(kind): sorted(changed.get(kind, ())) for kind in kinds}
 

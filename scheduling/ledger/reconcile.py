@@ -195,7 +195,8 @@ def _planned_from_older_definition(changed: dict[str, set[int]], using: str) -> 
 def _may_be_unplanned(changed: dict[str, set[int]], unplanned: set[int], using: str) -> bool:
     """Whether an enabled task named in ``changed`` or in ``unplanned`` has no pending scheduled
     run: what ``plan_missing`` would look at (paused tasks included; it leaves them alone)."""
-    params = {**changed_task_params(changed), "unplanned": sorted(unplanned)}
+    params = changed_task_params(changed)
+    params["task"] = sorted(set(params["task"]) | unplanned)
     with connections[using].cursor() as cursor:
         cursor.execute(queries["unplanned_tasks"], params)
         return bool(cursor.fetchone()[0])
