@@ -18,8 +18,6 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -37,8 +35,6 @@ from tests.acceptance.deployment import Deployment
 #: The line a replica logs when a full reconcile pass is over, with what it planned and its time.
 FULL_PASS = re.compile(r"full reconcile: planned (\d+) runs in ([\d.]+) s")
 PRUNED = re.compile(r"built-in prune deleted (\d+) runs")
-#: The edit history's trigger on task creation, left out of the bench's bulk load.
-HISTORY = "scheduling_history_task_insert"
 #: Seconds a replica's start-up pass is waited for (then the row says it did not finish).
 STARTUP_CAP = 600.0
 
@@ -93,10 +89,8 @@ def million(bench: Bench) -> list[Row]:
         time.sleep(bench.sizes.settle / 2)
         low = bench.tick_costs[s.baseline] = scenarios.tick_cost(bench)
     started = time.perf_counter()
-    with _history_trigger_off():
-        first = len(bench.pool)
-        bench.pool += data.interval_tasks("pool", first, s.tasks, timedelta(days=1))
-        _first_versions(bench.pool[first:])
+    first = len(bench.pool)
+    bench.pool += data.interval_tasks("pool", first, s.tasks, timedelta(days=1))
     created = time.perf_counter() - started
     data.plan()
     planned = time.perf_counter() - started - created
@@ -193,36 +187,6 @@ def _edits(bench: Bench, count: int, timeout: float = 30.0) -> list[tuple[float,
             time.sleep(0.01)
         took.append((saved - saving, time.monotonic() - saved))
     return took
-
-
-@contextmanager
-def _history_trigger_off() -> Iterator[None]:
-    """Create tasks without the edit history's insert trigger (``scheduling_record_history``).
-
-    That statement-level trigger joins the rows a statement inserted with every periodic task
-    (``scheduling_write_history``'s ``affected``: an OR of schedule kinds, no index), so a bulk
-    create costs the batch times the tasks already there: 5,000 tasks took over 13 s at 36,000,
-    and a million in batches would take hours. The bench loads its tasks without it and writes
-    their version rows itself (``_first_versions``); their creation is missing from the edit
-    history, nothing else. The other triggers (the change log, the planning marker) stay on.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(f"ALTER TABLE django_celery_beat_periodictask DISABLE TRIGGER {HISTORY}")
-    try:
-        yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f"ALTER TABLE django_celery_beat_periodictask ENABLE TRIGGER {HISTORY}")
-
-
-def _first_versions(task_ids: list[int]) -> None:
-    """Give each task its definition version 1, as the history trigger does on creation."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO scheduling_taskversion (periodic_task_id, version)"
-            " SELECT unnest(%s::int[]), 1 ON CONFLICT (periodic_task_id) DO NOTHING",
-            [task_ids],
-        )
 
 
 # A day's ledger: the built-in prune -------------------------------------------------------------
