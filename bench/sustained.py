@@ -175,9 +175,8 @@ def mvcc_horizon(bench: Bench) -> list[Row]:
     <= 100 ms, and the claim query's server time per due run it reads at the end <= 2x the same
     at the start (``ClaimTime``: per due run, since the replicas claim beside it and how many are
     due at that instant varies: a run alone read 215 buffers for 15 due runs at the start and
-    930 for 27 at the end). The prepared claim's client-side time, as the
-    scheduler sends it, and the ledger's dead tuples at the end (``pg_stat_user_tables``) are
-    figures. Raises RuntimeError when the session did not hold the horizon to the end.
+    930 for 27 at the end). The prepared claim's client-side time, as the scheduler sends it,
+    and the ledger's dead tuples at the end (``pg_stat_user_tables``) are figures. Raises RuntimeError when the session did not hold the horizon to the end.
     """
     s = _sizes(bench)
     label = (f"MVCC horizon held {s.horizon_window:.0f} s, {s.horizon_rate:,} runs/s,"
@@ -265,10 +264,10 @@ class ClaimTime:
 
     ``seconds``: its client-side time as a replica sends it (prepared, generic plan; median).
     From ``CLAIM_TIMINGS`` runs of ``EXPLAIN (ANALYZE, BUFFERS)`` of it that read a due run
-    (of at most ten times as many), the medians: ``per_run``, the server's execution time (seconds) over the due runs the
-    pending index gave (``due``: the replicas claim beside it, so how many are due at that
-    instant varies, and the claim's cost grows with it), ``buffers_per_run`` (shared hit and
-    read) and ``due``; None when none read one.
+    (of at most ten times as many), the medians: ``per_run``, the server's execution time
+    (seconds) over the due runs the pending index gave (``due``: the replicas claim beside it,
+    so how many are due at that instant varies, and the claim's cost grows with it),
+    ``buffers_per_run`` (shared hit and read) and ``due``; None when none read one.
     """
 
     seconds: float
@@ -322,7 +321,7 @@ def _due_read(node: dict) -> int:
 
 def _described(claim: ClaimTime) -> str:
     if claim.per_run is None:
-        return f"{ms(claim.seconds)} (no due run read by {CLAIM_TIMINGS} EXPLAINs)"
+        return f"{ms(claim.seconds)} (no due run read by {10 * CLAIM_TIMINGS} EXPLAINs)"
     return (f"{ms(claim.seconds)} (server {claim.per_run * 1e6:.1f} us and"
             f" {claim.buffers_per_run:.1f} buffers per due run, {claim.due:.0f} due)")
 
