@@ -7,11 +7,13 @@ interval tasks every second; over a 15 s window after the first sends, each task
 (``bench.counts.by_time``, from the worker's log) show no duplicate and no lost run, and number
 the window's slots, less up to a fifth where the sender ran late: celery's interval schedule
 sends next at the last send plus the interval, so each send's lateness adds up (on a busy
-machine RedBeat sent 13 runs in 15 s, each about 1.1 s after the previous one).
+machine RedBeat sent 13 runs in 15 s, each about 1.1 s after the previous one); or one more,
+the run due just before the window, late into it.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections import defaultdict
@@ -100,13 +102,19 @@ def _run_alone(peer: Peer, deployment: Deployment) -> None:
     for i in range(BASELINE.tasks):
         label = f"{peer.prefix}-{i}"
         found = counts.by_time(times[label], BASELINE.every, start, end, horizon)
-        assert (found.slots, found.duplicates) == (WINDOW, 0), (label, found)
+        # A copy executes beside its original: no two executions within half an interval.
+        ordered = sorted(times[label])
+        closest = min(later - earlier for earlier, later in itertools.pairwise(ordered))
+        assert closest >= BASELINE.every / 2, (label, closest, found)
+        assert found.slots == WINDOW, (label, found)
         # By time, one send late by about half an interval reads as a lost slot and the next
         # slot's run (bench/counts.py): seen once for stock beat at load 19. A baseline that
         # really skips runs loses one in every window, or more.
         assert found.lost <= 1, (label, found)
-        # Late sends add up (next send = last send + interval): fewer runs, none lost.
-        assert WINDOW - WINDOW // 5 <= found.executions <= WINDOW, (label, found)
+        # Late sends add up (next send = last send + interval): fewer runs, none lost. One more
+        # than the window's slots is the run due half an interval before the window's start,
+        # sent or executed that much late on a busy machine (seen once for stock beat in CI).
+        assert WINDOW - WINDOW // 5 <= found.executions <= WINDOW + 1, (label, found)
     if peer.kind == "redlock":  # it went through the lock: one decision per send, all sent
         log = deployment.log_path("beat").read_text(errors="replace")
         assert log.count("redlock: sent ") >= BASELINE.tasks * WINDOW - BASELINE.tasks
