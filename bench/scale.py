@@ -54,11 +54,14 @@ class ScaleSizes:
     grown: int  # historical runs the history's ledger grows to
     block: int  # historical runs inserted per step of the growth (its rate logged per step)
     load_budget: float  # seconds the growth may take: it stops before a step that would pass it
+    #: Seconds between the autovacuum rounds of the day's ledger (``_Autovacuum``); None: the
+    #: server's ``autovacuum_naptime``.
+    naptime: float | None = None
 
 
 FULL = ScaleSizes(1_000_000, 1_000, 10, 1_000, 3, 180.0, 60.0, 10.0, 50_000_000, 2_500_000,
                   2400.0)
-QUICK = ScaleSizes(20_000, 1_000, 3, 50, 2, 4.0, 1.0, 0.5, 250_000, 100_000, 120.0)
+QUICK = ScaleSizes(20_000, 1_000, 3, 50, 2, 4.0, 1.0, 0.5, 250_000, 100_000, 120.0, naptime=1.0)
 
 
 def sizes(bench: Bench) -> ScaleSizes:
@@ -202,8 +205,13 @@ def day_ledger(bench: Bench) -> list[Row]:
     messages are taken off the broker as they arrive. With prune on, the replicas run with
     ``SCHEDULING_PRUNE_OLDER_THAN`` = ``retention`` (``bench.prune_settings``); the window opens
     after a warm-up of ``retention`` + 2 prune intervals (a steady state: runs older than the
-    retention exist and are due for pruning), the same warm-up for the window without prune. The
-    ledger's size (rows and ``pg_total_relation_size``) is read at the window's start and end.
+    retention exist and are due for pruning) and two autovacuum rounds (the dead rows of the
+    runs pruned so far reclaimed: the size a day's ledger keeps), the same warm-up for the window
+    without prune. The ledger's size (rows and ``pg_total_relation_size``) is read at the
+    window's start and end. Where the server runs with autovacuum off (this machine's CI
+    configuration), the benchmark runs autovacuum's rule for the ledger itself (``_Autovacuum``):
+    without it no deleted run's space is ever reused and the ledger grows by every run inserted,
+    whatever the prune deletes.
     """
     s = sizes(bench)
     on = _ledger_window(bench, prune=True)
@@ -232,6 +240,8 @@ class LedgerWindow:
     end: tuple[int, int]
     pruned: int
     late: list[float]
+    vacuums: int  # VACUUMs of the ledger in the window, by autovacuum or by ``_Autovacuum``
+    autovacuum: str  # who vacuumed: "the server's autovacuum" or what ran in its place
 
     def size_row(self, label: str, prune: str, target: bool) -> Row:
         (rows0, bytes0), (rows1, bytes1) = self.start, self.end
@@ -239,7 +249,8 @@ class LedgerWindow:
         return Row(
             label, f"ledger size, {prune}: window start -> end",
             f"{rows0:,} -> {rows1:,} rows ({grew_rows:+.1%}); {bytes0 / 2**20:.1f} ->"
-            f" {bytes1 / 2**20:.1f} MB ({grew_bytes:+.1%}); prune deleted {self.pruned:,} runs",
+            f" {bytes1 / 2**20:.1f} MB ({grew_bytes:+.1%}); prune deleted {self.pruned:,} runs;"
+            f" {self.vacuums} vacuums ({self.autovacuum})",
             target="within 10 %" if target else "",
             met=(abs(grew_rows) <= 0.1 and abs(grew_bytes) <= 0.1) if target else None,
         )
@@ -258,6 +269,7 @@ def _ledger_window(bench: Bench, prune: bool) -> LedgerWindow:
     deployment = bench.deployment(f"day-ledger-{kind}")
     arrivals = Arrivals(bench.broker, deployment.queue).start()  # takes the messages off
     finisher = None
+    autovacuum = _Autovacuum(s.naptime)
     try:
         for name in names:
             deployment.start_beat(name, **env)
@@ -269,15 +281,16 @@ def _ledger_window(bench: Bench, prune: bool) -> LedgerWindow:
             start_time=lambda i: base + timedelta(seconds=i / s.rate),
         )
         finisher = _Finisher(task_ids)
-        w0 = base + timedelta(seconds=s.retention + 2 * s.prune_interval)
+        w0 = base + timedelta(seconds=s.retention + 2 * s.prune_interval + 2 * autovacuum.naptime)
         sleep_until(w0)
-        start = _ledger_size()
+        start, vacuums = _ledger_size(), _vacuums()
         w1 = w0 + timedelta(seconds=s.window)
         sleep_until(w1)
-        end = _ledger_size()
+        end, vacuums = _ledger_size(), _vacuums() - vacuums
     finally:
         if finisher is not None:
             finisher.stop()
+        autovacuum.stop()
         close(bench, deployment)
         arrivals.stop()
     PeriodicTask.objects.filter(pk__in=task_ids).update(enabled=False)
@@ -287,8 +300,8 @@ def _ledger_window(bench: Bench, prune: bool) -> LedgerWindow:
     )
     _, late = scenarios.lateness(w0, w1)
     bench.log(f"  {kind}: ledger {start} -> {end}, pruned {pruned}, {len(late)} runs,"
-              f" p99 {ms(percentile(late, 0.99))}")
-    return LedgerWindow(start, end, pruned, late)
+              f" p99 {ms(percentile(late, 0.99))}, {vacuums} vacuums ({autovacuum.who})")
+    return LedgerWindow(start, end, pruned, late, vacuums, autovacuum.who)
 
 
 def _ledger_size() -> tuple[int, int]:
@@ -298,6 +311,85 @@ def _ledger_size() -> tuple[int, int]:
                        " FROM scheduling_run")
         rows, size = cursor.fetchone()
     return rows, size
+
+
+def _vacuums() -> int:
+    """How many times the ledger was vacuumed, by hand or by autovacuum (the server's counters)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # this transaction's view is fresh
+        cursor.execute("SELECT vacuum_count + autovacuum_count FROM pg_stat_user_tables"
+                       " WHERE relid = 'scheduling_run'::regclass")
+        return cursor.fetchone()[0]
+
+
+class _Autovacuum:
+    """What PostgreSQL's autovacuum does for the ledger, done by the benchmark where the server
+    runs with ``autovacuum = off``; where it is on, nothing (the server does it).
+
+    Every ``naptime`` seconds (default: the server's ``autovacuum_naptime``) the rule of the
+    server's own settings (PostgreSQL's documentation, "The Autovacuum Daemon"): VACUUM the ledger
+    when its dead rows pass ``autovacuum_vacuum_threshold`` + ``autovacuum_vacuum_scale_factor``
+    x its rows, or its rows inserted since the last vacuum pass the insert threshold and scale
+    factor; ANALYZE it when its rows changed since the last analyze pass
+    ``autovacuum_analyze_threshold`` + ``autovacuum_analyze_scale_factor`` x its rows. VACUUM is
+    throttled as autovacuum's is (``autovacuum_vacuum_cost_delay``, its cost limit). Its own
+    database session, in a thread.
+    """
+
+    RULE = (
+        "SELECT s.n_dead_tup > current_setting('autovacuum_vacuum_threshold')::float"
+        "   + current_setting('autovacuum_vacuum_scale_factor')::float * c.reltuples"
+        " OR s.n_ins_since_vacuum > current_setting('autovacuum_vacuum_insert_threshold')::float"
+        "   + current_setting('autovacuum_vacuum_insert_scale_factor')::float * c.reltuples,"
+        " s.n_mod_since_analyze > current_setting('autovacuum_analyze_threshold')::float"
+        "   + current_setting('autovacuum_analyze_scale_factor')::float * c.reltuples"
+        " FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid"
+        " WHERE s.relid = 'scheduling_run'::regclass"
+    )
+
+    def __init__(self, naptime: float | None) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('autovacuum')::bool,"
+                           " extract(epoch FROM current_setting('autovacuum_naptime')::interval)")
+            on, server_naptime = cursor.fetchone()
+        self.naptime = float(naptime if naptime is not None else server_naptime)
+        self.who = ("the server's autovacuum" if on else
+                    f"autovacuum off on the server: its rule run by the benchmark every"
+                    f" {self.naptime:g} s")
+        self._stop = threading.Event()
+        self._thread = None
+        if not on:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with connection.cursor() as cursor:  # autovacuum's throttle, for this session
+                cursor.execute(
+                    "SELECT set_config('vacuum_cost_delay',"
+                    " current_setting('autovacuum_vacuum_cost_delay'), false),"
+                    " set_config('vacuum_cost_limit', CASE"
+                    " WHEN current_setting('autovacuum_vacuum_cost_limit')::int > 0"
+                    " THEN current_setting('autovacuum_vacuum_cost_limit')"
+                    " ELSE current_setting('vacuum_cost_limit') END, false)"
+                )
+            while not self._stop.wait(self.naptime):
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_stat_clear_snapshot()")
+                    cursor.execute(self.RULE)
+                    vacuum, analyze = cursor.fetchone()
+                    if vacuum or analyze:
+                        cursor.execute(
+                            "VACUUM (ANALYZE) scheduling_run" if analyze and vacuum
+                            else "VACUUM scheduling_run" if vacuum else "ANALYZE scheduling_run"
+                        )
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 class _Finisher:

@@ -102,7 +102,8 @@ OURS = {
     "executions per second: guarded vs": rf"^{NUMBER} runs/s$",
     "claim query": rf"^{NUMBER} ms$",
     "ledger size": rf"^{NUMBER} -> {NUMBER} rows \([+-]{NUMBER}%\); {NUMBER} -> {NUMBER} MB"
-    rf" \([+-]{NUMBER}%\); prune deleted {NUMBER} runs$",
+    rf" \([+-]{NUMBER}%\); prune deleted {NUMBER} runs; \d+ vacuums \((the server's autovacuum|"
+    r"autovacuum off on the server: its rule run by the benchmark every [\d.]+ s)\)$",
     "prune on vs off": rf"^{NUMBER} ms / {NUMBER} ms \({NUMBER} / {NUMBER} runs\)$",
     "bulk create / plan": rf"^{NUMBER} s / {NUMBER} s$",
     "start-up": rf"^{NUMBER} s \(beat ready {NUMBER} s, pass {NUMBER} s\)$",
