@@ -248,6 +248,18 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return values["VmRSS"], values["VmHWM"]
 
 
+def machine_cpu() -> tuple[float, int]:
+    """CPU seconds every process of this machine has used since boot, all cores together (user,
+    nice, system, irq, softirq and steal of ``/proc/stat``, idle and iowait left out), and the
+    number of cores. Read twice around a window, the difference over its length is how many
+    cores were busy: the machine's own limit beside a scenario's figures."""
+    with open("/proc/stat", encoding="utf-8") as stat:
+        ticks = [int(value) for value in stat.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks[:8]
+    busy = user + nice + system + irq + softirq + steal
+    return busy / os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+
+
 def _stat(pid: int) -> list[str]:
     """The fields of ``/proc/<pid>/stat`` after the command name: index 0 is field 3 (state)."""
     with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:

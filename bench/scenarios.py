@@ -79,6 +79,8 @@ class Bench:
         self.tick_costs: dict[int, TickCost] = {}
         #: Claim and poll seconds by number of historical runs, as ``ledger_queries`` timed them.
         self.query_times: dict[int, dict[str, float]] = {}
+        #: Raw kombu's CPU seconds per published message, as ``burst`` measured it, or None.
+        self.publish_cpu: float | None = None
 
     def grow_pool(self, size: int) -> None:
         """Have ``size`` planned interval tasks (every day) in the pool."""
@@ -122,6 +124,7 @@ def burst(bench: Bench) -> list[Row]:
     costs = {r: _burst_ours(bench, tasks, r) for r in (1, 2, 4, 3)}
     ours = {r: cost.seconds for r, cost in costs.items()}
     raw, celery, raw_cpu, celery_cpu = _burst_raw(bench, tasks)
+    bench.publish_cpu = raw_cpu / n
     stock, stock_sent, stock_cpu = _burst_stock(bench, tasks)
     label = f"burst {n:,} tasks"
     rows = [

@@ -26,7 +26,7 @@ from django.db import connection, transaction
 from django_celery_beat.models import PeriodicTask
 
 from bench import data, scenarios
-from bench.env import Arrivals, cpu_seconds, postgres_cpu_seconds
+from bench.env import Arrivals, cpu_seconds, machine_cpu, postgres_cpu_seconds
 from bench.profile import profiled
 from bench.report import Row, median, ms
 from bench.scenarios import (
@@ -140,18 +140,22 @@ def sustained(bench: Bench) -> list[Row]:
     Targets (issue 17): lateness p99 <= 50 ms and max <= 500 ms, every run once at the broker.
     The CPU of the replicas (``/proc``) and of the PostgreSQL server (every process of it, so also
     other databases' sessions on a shared server) from the window's start to its end, per 1,000
-    runs with a slot in the window, is a figure beside them.
+    runs with a slot in the window, is a figure beside them; and the machine's limit: how many of
+    its cores every process kept busy over the window (``/proc/stat``), beside what raw kombu's
+    publish alone would take at this rate (its CPU per message from ``burst``).
     """
     s = _sizes(bench)
     label = (f"sustained, {s.sustained_rate:,} runs/s, {REPLICAS} replicas,"
              f" {s.sustained_window:.0f} s")
     with _steady(bench, "sustained", s.sustained_rate) as steady:
         replicas, server = sum(map(cpu_seconds, steady.pids)), postgres_cpu_seconds()
+        machine, cores = machine_cpu()
         steady.until = steady.since + timedelta(seconds=s.sustained_window)
         with profiled(bench.profile, "sustained", steady.pids):
             sleep_until(steady.until)
         replicas = sum(map(cpu_seconds, steady.pids)) - replicas
         after = postgres_cpu_seconds()
+        machine = machine_cpu()[0] - machine
         server = None if server is None or after is None else after - server
     window = lateness(steady.since, steady.until)
     runs = len(window[0])
@@ -160,6 +164,16 @@ def sustained(bench: Bench) -> list[Row]:
     database = "" if server is None else f" + PostgreSQL {per_thousand(server, runs)}"
     rows.append(Row(label, f"CPU per 1,000 runs: {REPLICAS} replicas (+ PostgreSQL)",
                     f"{per_thousand(replicas, runs)}{database}" if runs else "0 runs"))
+    window_s = s.sustained_window
+    parts = f"replicas {replicas / window_s:.2f}" + (
+        "" if server is None else f", PostgreSQL {server / window_s:.2f}")
+    rows.append(Row(
+        label, "the machine's limit: cores busy over the window, every process",
+        f"{machine / window_s:.2f} of {cores} ({parts})",
+        raw="" if bench.publish_cpu is None else
+        f"kombu's publish alone at {s.sustained_rate:,}/s:"
+        f" {bench.publish_cpu * s.sustained_rate:.2f} cores",
+    ))
     bench.log(f"  sustained: {runs:,} runs, replicas' CPU {replicas:.1f} s,"
               f" PostgreSQL CPU {'not on this host' if server is None else f'{server:.1f} s'}")
     return rows

@@ -45,6 +45,7 @@ EXPECTED_ROWS = [
     ("sustained, 100 runs/s, 2 replicas, 8 s", "lateness p99 / max at the broker"),
     ("sustained, 100 runs/s, 2 replicas, 8 s", "slots dispatched as a run each (ledger)"),
     ("sustained, 100 runs/s, 2 replicas, 8 s", "CPU per 1,000 runs: 2 replicas (+ PostgreSQL)"),
+    ("sustained, 100 runs/s, 2 replicas, 8 s", "the machine's limit: cores busy over the window"),
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "lateness p99 (ledger"),
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "lateness max (ledger)"),
     ("MVCC horizon held 10 s, 50 runs/s, 2 replicas", "lateness p99 / max at the broker"),
@@ -92,6 +93,7 @@ OURS = {
     # PostgreSQL's share only when the server is a process of this host.
     "CPU per 1,000 runs": rf"^{NUMBER} CPU s( \+ PostgreSQL {NUMBER} CPU s)?$",
     "RSS": rf"^{NUMBER} MB \(peak {NUMBER} MB\)$",
+    "the machine's limit": rf"^{NUMBER} of \d+ \(replicas {NUMBER}(, PostgreSQL {NUMBER})?\)$",
     "lateness p99 (ledger": rf"^{NUMBER} ms$",
     "lateness max": rf"^{NUMBER} ms$",
     "lateness p99 / max at the broker": rf"^({NUMBER} ms / {NUMBER} ms; \d+ missing, \d+ extra"
