@@ -192,7 +192,7 @@ class Conf:
     ))
     prune_batch_size = Setting(500, int, (
         "Most runs one built-in prune transaction deletes (one batch per idle tick; on a busy "
-        "replica, one batch in at most a tenth of its time)."
+        "replica, one batch in at most a tenth of its time, sized to take about 2 ms)."
     ))
     success_deadline = Setting(None, _optional_seconds, (
         "Missed-run alerts: a scheduled run that has not succeeded this many seconds after its "

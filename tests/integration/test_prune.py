@@ -221,12 +221,41 @@ def test_a_busy_replica_prunes_within_a_tenth_of_its_time(make_task, settings):
         left = len(_ids())
         pruner.step(busy=True)
         sizes.append(left - len(_ids()))
-    # Batches at the 1st, 10th, 19th and 28th busy step: 1 unit of work, then 9 of rest.
-    assert sizes == ([10] + [0] * 8) * 3 + [10]
+    # Batches at the 1st, 10th, 19th and 28th busy step: 1 unit of work, then 9 of rest. A unit is
+    # far over BUSY_BATCH_SECONDS: each busy batch is the smallest, 10 / 25 -> 1.
+    assert sizes == ([1] + [0] * 8) * 3 + [1]
     left = len(_ids())
     pruner.step()  # idle: no rest
     assert left - len(_ids()) == 10
     assert len(deleted) > 50  # the pass was not over: every batch was full
+
+
+def test_a_busy_replicas_batch_is_sized_to_take_about_two_milliseconds(make_task, settings):
+    """A busy batch's size is the last one's times BUSY_BATCH_SECONDS over the time it took, at
+    most double, between SCHEDULING_PRUNE_BATCH_SIZE / 25 and SCHEDULING_PRUNE_BATCH_SIZE; the
+    batch that plans the pass and an idle one are not measured; an idle batch is full size."""
+    runs = _seed(make_task)
+    deleted = _expected_deleted(runs, timedelta(days=30), keep_last=0)
+    settings.SCHEDULING_PRUNE_OLDER_THAN = "30d"
+    settings.SCHEDULING_PRUNE_BATCH_SIZE = 40  # the smallest busy batch: 40 // 25 -> 1
+    took = [0.005, 0.001, 0.001, 0.0001, 0.008, 0.001, 0.004]  # seconds, one per busy batch
+    readings = []
+    for i, seconds in enumerate(took):  # each step reads the clock before and after its batch
+        readings += [100.0 * i, 100.0 * i + seconds]
+    readings += [1000.0, 1000.0]  # the idle step
+    pruner = BuiltinPrune(clock=iter(readings).__next__)
+    sizes = []
+    for _ in took:
+        left = len(_ids())
+        pruner.step(busy=True)
+        sizes.append(left - len(_ids()))
+    left = len(_ids())
+    pruner.step()
+    sizes.append(left - len(_ids()))
+    # 1 (planned: not measured), 1 -> 2 (1 ms: double), 2 -> 4 (1 ms), 4 -> 8 (0.1 ms: at most
+    # double), 8 -> 2 (8 ms), 2 -> 4 (1 ms), 4 -> 2 (4 ms); idle: 40.
+    assert sizes == [1, 1, 2, 4, 8, 2, 4, 40]
+    assert len(deleted) > sum(sizes)  # every batch was full: the pass went on
 
 
 def test_a_replica_with_a_run_due_at_every_tick_prunes_too(make_task, settings):
@@ -251,4 +280,4 @@ def test_a_replica_with_a_run_due_at_every_tick_prunes_too(make_task, settings):
     scheduler = LedgerScheduler(app=app)
     assert scheduler.tick() == 0.0  # it claimed one of the due runs: more may be due
     assert Run.objects.filter(status=Run.Status.DISPATCHED).count() == 1
-    assert len(set(old) & _ids()) == 1  # and deleted a batch after the claim
+    assert len(set(old) & _ids()) == 2  # and deleted a busy batch after the claim: the smallest, 1
