@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import connection
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
@@ -280,8 +280,8 @@ def _ledger_window(bench: Bench, prune: bool) -> LedgerWindow:
             f"day-ledger-{kind}", 0, s.rate, timedelta(seconds=1),
             start_time=lambda i: base + timedelta(seconds=i / s.rate),
         )
-        finisher = _Finisher(task_ids)
         w0 = base + timedelta(seconds=s.retention + 2 * s.prune_interval + 2 * autovacuum.naptime)
+        finisher = _Finisher(task_ids, w0)
         sleep_until(w0)
         start, vacuums = _ledger_size(), _vacuums()
         w1 = w0 + timedelta(seconds=s.window)
@@ -298,7 +298,12 @@ def _ledger_window(bench: Bench, prune: bool) -> LedgerWindow:
         int(n) for name in names
         for n in PRUNED.findall(deployment.log_path(name).read_text(errors="replace"))
     )
-    _, late = scenarios.lateness(w0, w1)
+    # The window's runs still in the ledger, and those the prune deleted after the finisher's
+    # update (it finished every one of them: the prune deletes finished runs only).
+    runs, _ = scenarios.lateness(w0, w1)
+    seen = {task_id: (slot, dispatched) for task_id, slot, dispatched, _ in runs}
+    seen.update((task_id, run) for task_id, run in finisher.dispatched.items() if run[0] < w1)
+    late = [((dispatched or w1) - slot).total_seconds() for slot, dispatched in seen.values()]
     bench.log(f"  {kind}: ledger {start} -> {end}, pruned {pruned}, {len(late)} runs,"
               f" p99 {ms(percentile(late, 0.99))}, {vacuums} vacuums ({autovacuum.who})")
     return LedgerWindow(start, end, pruned, late, vacuums, autovacuum.who)
@@ -394,16 +399,21 @@ class _Autovacuum:
 
 class _Finisher:
     """Marks the dispatched runs of some tasks succeeded once a second, as their workers would
-    record them; its own database session, in a thread."""
+    record them; its own database session, in a thread. ``dispatched`` keeps, per Celery task
+    id, the (slot, dispatched at) of each run it finished with a slot at or after ``since``
+    (aware datetimes): the prune deletes finished runs, so the ledger alone no longer has them."""
 
     SQL = (
         "UPDATE scheduling_run SET status = 'succeeded', started_at = dispatched_at,"
         " finished_at = clock_timestamp(), executions = 1"
         " WHERE status = 'dispatched' AND periodic_task_id = ANY(%s)"
+        " RETURNING task_id, scheduled_for, dispatched_at"
     )
 
-    def __init__(self, task_ids: list[int]) -> None:
+    def __init__(self, task_ids: list[int], since: datetime) -> None:
         self.task_ids = task_ids
+        self.since = since
+        self.dispatched: dict[str, tuple[datetime, datetime]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -413,6 +423,9 @@ class _Finisher:
             while not self._stop.wait(1.0):
                 with connection.cursor() as cursor:
                     cursor.execute(self.SQL, [self.task_ids])
+                    for task_id, slot, dispatched in cursor.fetchall():
+                        if slot >= self.since:
+                            self.dispatched[task_id] = (slot, dispatched)
         finally:
             connection.close()
 
