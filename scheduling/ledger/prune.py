@@ -86,10 +86,13 @@ def prune_batch(
     """Delete up to ``batch_size`` runs of ``plan`` with ids above ``after_id``, in id order.
 
     One short transaction that locks only the rows it deletes (finished runs, which no claim
-    wants), skipping any row locked by someone else. Returns the deleted runs per status and the
+    wants), skipping any row locked by someone else, committed asynchronously: it does not wait
+    for a WAL flush, which on a busy replica the next claim would wait for too (PostgreSQL's
+    "Asynchronous Commit"; a crash may undo the last batches, which a later pass deletes). Returns the deleted runs per status and the
     highest deleted id (the next batch's ``after_id``), or None when nothing was left.
     """
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(queries["prune_async_commit"])
         cursor.execute(
             queries["prune_batch"], {**plan.params(), "after": after_id, "limit": batch_size}
         )

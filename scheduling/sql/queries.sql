@@ -190,6 +190,12 @@ WHERE r.status = ANY(%(final)s) AND COALESCE(r.finished_at, r.scheduled_for) < %
 -- prune_counts --
 SELECT r.status, count(*) {fragment_prunable} GROUP BY r.status ORDER BY r.status
 
+-- prune_async_commit --
+-- This transaction's commit does not wait for its WAL to reach disk (asynchronous commit): a
+-- crash may undo a prune's last batches, which the next pass deletes again; nothing depends on a
+-- delete being durable. Every other write of the ledger commits synchronously.
+SELECT set_config('synchronous_commit', 'off', true)
+
 -- prune_batch --
 -- One batch of a prune, in id order, skipping rows someone else has locked.
 DELETE FROM {run} WHERE id IN (

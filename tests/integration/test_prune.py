@@ -16,6 +16,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.test import override_settings
 
 from scheduling import ledger
@@ -162,6 +163,30 @@ def test_prune_waits_for_no_claim_and_skips_a_locked_row(make_task, raw_connecti
         assert time.monotonic() - started < 5
     assert _ids() == {r.pk for r in runs} - deleted | {locked}
     assert sum(counts.values()) == len(deleted) - 1
+
+
+def test_a_prune_batch_commits_without_waiting_for_its_wal_flush(make_task):
+    """Asynchronous commit for the batch's own transaction only: the setting is read on the same
+    server session right after the DELETE, and again after the commit."""
+    runs = _seed(make_task)
+    deleted = _expected_deleted(runs, timedelta(days=30), keep_last=0)
+    seen = []
+
+    def after_delete(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.lstrip().startswith("DELETE"):
+            raw = context["connection"].connection  # the psycopg session, past Django's wrappers
+            seen.append(raw.execute("SHOW synchronous_commit").fetchone()[0])
+        return result
+
+    plan = ledger.prune_plan(timedelta(days=30))
+    with connection.execute_wrapper(after_delete):
+        counts, _ = ledger.prune_batch(plan, 0, 5)
+    assert seen == ["off"]
+    assert sum(counts.values()) == 5 and len(deleted) > 5
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
 
 
 def test_prune_command_rejects_a_bad_duration():
