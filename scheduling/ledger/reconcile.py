@@ -85,32 +85,44 @@ def reconcile(
     return planned
 
 
-def _cancel_orphans(using: str, task_ids: set[int] | None) -> None:
-    """Cancel pending runs of deleted tasks, and scheduled ones of disabled tasks.
+#: Runs one transaction of ``_cancel_orphans`` cancels, and the most transactions one pass
+#: takes: a pass cancels at most 10,000 runs. The rest wait for later passes, or are cancelled
+#: when claimed (``claim``: a due run of a disabled or deleted task is closed, never sent).
+#: Unbounded, disabling a million tasks at once made every pass lock a million runs in one
+#: transaction, past the statement timeout: each replica retried it instead of claiming.
+ORPHAN_BATCH = 1000
+ORPHAN_BATCHES_PER_PASS = 10
 
-    ``task_ids``: look for disabled tasks among these only (None: among all).
+
+def _cancel_orphans(using: str, task_ids: set[int] | None) -> None:
+    """Cancel pending runs of deleted tasks, and scheduled ones of disabled tasks, in batches.
+
+    ``task_ids``: look for disabled tasks among these only (None: among all). At most
+    ``ORPHAN_BATCHES_PER_PASS`` transactions of ``ORPHAN_BATCH`` runs each.
     """
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        if task_ids is None:
-            cursor.execute(queries["orphan_runs_all"])
-        elif task_ids:
-            cursor.execute(queries["orphan_runs"], {"tasks": sorted(task_ids)})
-        else:
-            cursor.execute(queries["orphan_runs_of_deleted"])
-        orphans: list[tuple[int, int | None]] = cursor.fetchall()
-        if not orphans:
-            return
-        deleted = [pk for pk, task_id in orphans if task_id is None]
-        disabled_runs = [pk for pk, task_id in orphans if task_id is not None]
-        reasons = ((deleted, Run.Reason.TASK_DELETED), (disabled_runs, Run.Reason.TASK_DISABLED))
-        for ids, reason in reasons:
-            if ids:
-                Run.objects.using(using).filter(pk__in=ids).update(
-                    status=Run.Status.CANCELLED, reason=reason, finished_at=ClockTimestamp()
-                )
-                logger.info(
-                    "cancelled %d pending runs: %s", len(ids), reason, extra={"action": "cancel"}
-                )
+    if task_ids is None:
+        sql, params = queries["orphan_runs_all"], {}
+    elif task_ids:
+        sql, params = queries["orphan_runs"], {"tasks": sorted(task_ids)}
+    else:
+        sql, params = queries["orphan_runs_of_deleted"], {}
+    params.update(limit=ORPHAN_BATCH, deleted=str(Run.Reason.TASK_DELETED),
+                  disabled=str(Run.Reason.TASK_DISABLED))
+    cancelled = {True: 0, False: 0}  # by whether the task was deleted
+    for _ in range(ORPHAN_BATCHES_PER_PASS):
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        for (deleted,) in rows:
+            cancelled[deleted] += 1
+        if len(rows) < ORPHAN_BATCH:
+            break
+    for deleted, reason in ((True, Run.Reason.TASK_DELETED), (False, Run.Reason.TASK_DISABLED)):
+        if cancelled[deleted]:
+            logger.info(
+                "cancelled %d pending runs: %s", cancelled[deleted], reason,
+                extra={"action": "cancel"},
+            )
 
 
 def replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> None:

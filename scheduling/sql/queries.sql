@@ -352,31 +352,46 @@ SELECT id, kind, object_id FROM {schedule_change}
 (t.interval_id = ANY(%(interval)s) OR t.crontab_id = ANY(%(crontab)s)
  OR t.solar_id = ANY(%(solar)s) OR t.clocked_id = ANY(%(clocked)s))
 
+-- fragment_cancel_orphans --
+-- Cancel the runs the query's "orphan" CTE picked (up to %(limit)s, locked, skipping those a
+-- claim holds): (whether its task was deleted) per run.
+UPDATE {run} r
+   SET status = 'cancelled', finished_at = clock_timestamp(),
+       reason = CASE WHEN o.deleted THEN %(deleted)s ELSE %(disabled)s END
+  FROM orphan o
+ WHERE r.id = o.id
+RETURNING o.deleted
+
 -- orphan_runs_of_deleted --
--- The pending runs of deleted tasks (a pass that no change names a task in), skipping and
--- locking those a claim holds: (run id, task id).
-SELECT id, periodic_task_id
-  FROM {run}
- WHERE status = 'pending' AND periodic_task_id IS NULL
-   FOR UPDATE SKIP LOCKED
+-- One batch of the pending runs of deleted tasks (a pass that no change names a task in).
+WITH orphan AS (
+    SELECT r.id, TRUE AS deleted
+      FROM {run} r
+     WHERE r.status = 'pending' AND r.periodic_task_id IS NULL
+     LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED)
+{fragment_cancel_orphans}
 
 -- orphan_runs --
 -- The same, and the pending scheduled runs of the disabled tasks among %(tasks)s (an array of
 -- ids).
-SELECT r.id, r.periodic_task_id
-  FROM {run} r LEFT JOIN {periodic_task} t ON t.id = r.periodic_task_id
- WHERE r.status = 'pending'
-   AND (r.periodic_task_id IS NULL
-        OR (r.trigger = 'schedule' AND NOT t.enabled AND r.periodic_task_id = ANY(%(tasks)s)))
-   FOR UPDATE OF r SKIP LOCKED
+WITH orphan AS (
+    SELECT r.id, r.periodic_task_id IS NULL AS deleted
+      FROM {run} r LEFT JOIN {periodic_task} t ON t.id = r.periodic_task_id
+     WHERE r.status = 'pending'
+       AND (r.periodic_task_id IS NULL
+            OR (r.trigger = 'schedule' AND NOT t.enabled AND r.periodic_task_id = ANY(%(tasks)s)))
+     LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED)
+{fragment_cancel_orphans}
 
 -- orphan_runs_all --
 -- The same among every task (a full pass).
-SELECT r.id, r.periodic_task_id
-  FROM {run} r LEFT JOIN {periodic_task} t ON t.id = r.periodic_task_id
- WHERE r.status = 'pending'
-   AND (r.periodic_task_id IS NULL OR (r.trigger = 'schedule' AND NOT t.enabled))
-   FOR UPDATE OF r SKIP LOCKED
+WITH orphan AS (
+    SELECT r.id, r.periodic_task_id IS NULL AS deleted
+      FROM {run} r LEFT JOIN {periodic_task} t ON t.id = r.periodic_task_id
+     WHERE r.status = 'pending'
+       AND (r.periodic_task_id IS NULL OR (r.trigger = 'schedule' AND NOT t.enabled))
+     LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED)
+{fragment_cancel_orphans}
 
 -- fragment_stale_plan --
 -- Periodic task t is enabled and has a pending scheduled run not yet due that was planned from an
