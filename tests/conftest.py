@@ -22,13 +22,18 @@ from tests.needs import missing
 _names = itertools.count()
 
 
-@pytest.fixture
-def raw_connection(transactional_db) -> Iterator[psycopg.Connection]:
-    """A second connection to the test database, outside Django, in manual-commit mode."""
+def connect_raw() -> psycopg.Connection:
+    """A new connection to Django's database, outside Django, in manual-commit mode."""
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
-    conn = psycopg.connect(**params)
+    return psycopg.connect(**params)
+
+
+@pytest.fixture
+def raw_connection(transactional_db) -> Iterator[psycopg.Connection]:
+    """A second connection to the test database, outside Django, in manual-commit mode."""
+    conn = connect_raw()
     try:
         yield conn
     finally:

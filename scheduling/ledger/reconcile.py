@@ -12,7 +12,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import connections, transaction
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import slots
@@ -62,15 +62,19 @@ def reconcile(
     (``ScheduleChange``: edits, creations, schedules that failed to give a slot at claim time)
     names, plus pending runs whose task was deleted: its cost follows the changes, not the number
     of tasks, and with no change it is three short indexed queries. ``full=True`` checks every
-    task (at a replica's start, and as a safety net every SCHEDULING_FULL_RECONCILE_INTERVAL).
+    task (at a replica's start, and as a safety net every SCHEDULING_FULL_RECONCILE_INTERVAL), as
+    does a pass whose log names more than ``CHANGE_BATCH`` unsettled changes (a bulk change).
 
     Safe to run from any number of replicas at once: rows being claimed are skipped, and the unique
     constraints drop concurrent duplicates (invariant 1).
     """
     changed = recent_changes(using, settled)
+    bulk = changed is None
+    if bulk:
+        full, changed = True, {}
     unplanned = changed.pop(ScheduleChange.Kind.UNPLANNED, set())
     _cancel_orphans(using, None if full else changed.get(ScheduleChange.Kind.TASK, set()))
-    replan_edited(using, changed)
+    replan_edited(using, changed, every_task=bulk)
     if full:
         planned = plan_missing(grace, using)
     elif (changed or unplanned) and _may_be_unplanned(changed, unplanned, using):
@@ -125,18 +129,20 @@ def _cancel_orphans(using: str, task_ids: set[int] | None) -> None:
             )
 
 
-def replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> None:
+def replan_edited(
+    using: str, changed: dict[str, set[int]] | None = None, *, every_task: bool = False
+) -> None:
     """Re-plan the pending runs whose definition changed recently; cost follows the changes.
 
     The change log (``ScheduleChange``, written by database triggers on every UPDATE of a periodic
     task's scheduling columns or of a schedule row, including ``QuerySet.update()`` and raw SQL)
     names what changed in the last CHANGE_RETENTION (``changed``, by kind; read from the log when
-    None, less the unplanned entries, which only ``plan_missing`` uses). Only the pending, not
-    yet due scheduled runs of tasks named there, or using a schedule row named there, are looked
-    at, and only when one of them was planned from an older definition than its task's current
-    one (``Run.definition_version`` against ``TaskVersion``, which the history triggers move in
-    the editing transaction; either unknown counts as older): one query says so, and nothing
-    else is read when none was. Each gets its slot
+    None, less the unplanned entries, which only ``plan_missing`` uses; ``every_task``: a bulk
+    change, every task's runs). Only the pending, not yet due scheduled runs of tasks named
+    there, or using a schedule row named there, are looked at, and only those planned from an
+    older definition than their task's current one (``Run.definition_version`` against ``TaskVersion``, which the
+    history triggers move in the editing transaction; either unknown counts as older): one query
+    says whether there is one, and nothing else is read when there is none. Each gets its slot
     recomputed from the current definition: the first slot after the database clock and after
     the task's last run (``slots.initial_run`` with no grace), so an edit never fires a slot that
     is already past, even one inside the grace period. A run whose slot moved is cancelled
@@ -147,10 +153,14 @@ def replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> Non
     definition.
     """
     if changed is None:
-        changed = recent_changes(using)
+        changed = recent_changes(using) or {}  # None only with a replica's memory
         changed.pop(ScheduleChange.Kind.UNPLANNED, None)
-    if not changed or not _planned_from_older_definition(changed, using):
+    if every_task:
+        named = Q()
+    elif not changed or not _planned_from_older_definition(changed, using):
         return
+    else:
+        named = affected(changed, prefix="periodic_task__")
     with transaction.atomic(using=using):
         now = database_now(using)
         edited = list(
@@ -158,9 +168,7 @@ def replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> Non
             .pending()
             .scheduled()
             .filter(
-                affected(changed, prefix="periodic_task__"),
-                periodic_task__enabled=True,
-                due_at__gt=ClockTimestamp(),
+                named, _STALE, periodic_task__enabled=True, due_at__gt=ClockTimestamp()
             )
             .annotate(last_slot=Subquery(_last_slot_of_task()))
             .select_related(*SCHEDULE_RELATED, "periodic_task__scheduling_policy")
@@ -189,6 +197,15 @@ def replan_edited(using: str, changed: dict[str, set[int]] | None = None) -> Non
                 finished_at=ClockTimestamp(),
             )
         insert_pending(replacements, using)
+
+
+#: A run planned from an older definition than its task's current one, or either unknown
+#: (fragment_stale_plan in queries.sql): the only runs an edit can move.
+_STALE = (
+    Q(definition_version__isnull=True)
+    | Q(periodic_task__scheduling_version__version__isnull=True)
+    | ~Q(definition_version=F("periodic_task__scheduling_version__version"))
+)
 
 
 def _planned_from_older_definition(changed: dict[str, set[int]], using: str) -> bool:

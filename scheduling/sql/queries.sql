@@ -325,11 +325,14 @@ ORDER BY r.periodic_task_name
 -- it ends with the transaction, so it never reaches a pooler's next client.
 SELECT set_config('scheduling.actor', %s, true)
 
--- transaction_horizon --
--- What settles a change-log row (ledger.changes.SettledChanges): the database clock, the start
--- of the oldest transaction open in another client session of this database (NULL: none), and
--- whether a session hides it (another role's, without pg_read_all_stats: its state is NULL).
--- Autovacuum and the server's own processes plan no run and are left out.
+-- schedule_changes_prune --
+-- Delete the change-log rows past ledger.CHANGE_RETENTION (%s, an interval); return what settles
+-- a row (ledger.changes.SettledChanges): the database clock, the start of the oldest transaction
+-- open in another client session of this database (NULL: none), and whether a session hides it
+-- (another role's, without pg_read_all_stats: its state is NULL). Autovacuum and the server's
+-- own processes plan no run and are left out. Run before the rows are read: every row changed
+-- before that start is visible to them.
+WITH pruned AS (DELETE FROM {schedule_change} WHERE changed_at < clock_timestamp() - %s)
 SELECT clock_timestamp(),
        min(xact_start),
        coalesce(bool_or(state IS NULL), false)
@@ -338,13 +341,13 @@ SELECT clock_timestamp(),
    AND backend_type = 'client backend'
    AND pid <> pg_backend_pid()
 
--- schedule_changes_prune --
--- The change-log rows past ledger.CHANGE_RETENTION (%s, an interval), deleted by each pass.
-DELETE FROM {schedule_change} WHERE changed_at < clock_timestamp() - %s
-
 -- schedule_changes --
--- The change log as a reconcile pass reads it: (id, kind, object id).
-SELECT id, kind, object_id FROM {schedule_change}
+-- The change log as a reconcile pass reads it: (id, kind, object id, changed_at, the database clock
+-- after the statement's snapshot), the rows changed since %(since)s (below it every row is
+-- settled: ledger.changes.SettledChanges), at most %(limit)s (NULL: all).
+SELECT id, kind, object_id, changed_at, clock_timestamp() FROM {schedule_change}
+ WHERE changed_at >= %(since)s
+ LIMIT %(limit)s
 
 -- fragment_named_by_schedule --
 -- Periodic task t uses a schedule row the change log names (ledger.changes.affected), by kind; the

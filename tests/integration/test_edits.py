@@ -13,9 +13,11 @@ from django_celery_beat.models import CrontabSchedule, IntervalSchedule, Periodi
 
 from project.celery import app
 from scheduling import ledger, slots
+from scheduling.ledger import changes
 from scheduling.ledger.changes import recent_changes
 from scheduling.models import Run, ScheduleChange
 from scheduling.schedulers import LedgerScheduler
+from tests.conftest import connect_raw
 from tests.integration.conftest import GRACE, claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -233,6 +235,49 @@ def test_a_change_settles_only_once_every_transaction_open_when_it_was_read_has_
     assert (pending.scheduled_for.hour, pending.scheduled_for.minute) == (5, 0)
     assert change in settled.settled
     assert recent_changes("default", settled) == {}
+
+
+def test_a_bulk_change_is_checked_task_by_task_and_settles_the_same_way(
+    make_task, raw_connection, monkeypatch, caplog
+):
+    """More unsettled rows than CHANGE_BATCH (one UPDATE of many tasks): a pass checks every task
+    instead of the rows. A claim that read the old definition and commits its plan after those
+    passes still has it moved; the rows settle once a check began after that claim ended, and
+    later passes no longer read them."""
+    monkeypatch.setattr(changes, "CHANGE_BATCH", 2)
+    tasks = [make_task(cron="0 3 * * *") for _ in range(3)]
+    ledger.reconcile(GRACE)
+    settled = ledger.SettledChanges()
+    for _ in range(3):  # the creations' rows: checked, checked again, settled
+        ledger.reconcile(GRACE, full=False, settled=settled)
+    assert recent_changes("default", settled) == {}
+    run = Run.objects.pending().get(periodic_task=tasks[0])
+
+    five = CrontabSchedule.objects.get_or_create(
+        minute="0", hour="5", day_of_month="*", month_of_year="*", day_of_week="*",
+        timezone="UTC",
+    )[0]
+    with connect_raw() as editing:
+        editing.execute(
+            "UPDATE django_celery_beat_periodictask SET crontab_id = %s WHERE id = ANY(%s)",
+            [five.pk, [t.pk for t in tasks]],
+        )  # the edit's transaction starts first: its rows are older than the claim
+        raw_connection.execute(
+            "SELECT id FROM scheduling_run WHERE id = %s FOR UPDATE", [run.pk]
+        )  # a claim reading the old definition
+        editing.commit()
+    caplog.clear()
+    ledger.reconcile(GRACE, full=False, settled=settled)  # the claimed run is skipped
+    assert caplog.messages.count("more than 2 changes to look at: checking every task") == 1
+    assert _pending(tasks) == {tasks[0].pk: (3, 0), tasks[1].pk: (5, 0), tasks[2].pk: (5, 0)}
+    ledger.reconcile(GRACE, full=False, settled=settled)  # the claim is still open
+    assert recent_changes("default", settled) is None
+
+    _old_plan_committed_after_the_edit(raw_connection, run.pk)
+    ledger.reconcile(GRACE, full=False, settled=settled)  # moves the old plan; settles the rows
+    assert _pending(tasks) == {t.pk: (5, 0) for t in tasks}
+    assert recent_changes("default", settled) == {}
+    assert settled.since > ScheduleChange.objects.latest("id").changed_at
 
 
 def test_a_pass_leaves_settled_changes_out(make_task, looked_at, monkeypatch):

@@ -63,8 +63,9 @@ def test_a_pass_with_nothing_changed_runs_three_queries_and_reads_no_task(make_t
     with CaptureQueriesContext(connection) as captured:
         assert ledger.reconcile(GRACE, full=False) == 0
     statements = _statements(captured)
-    # The log pruned and read; one batch of orphans (of deleted tasks: none), cancelled as found.
-    assert [s.split()[0] for s in statements] == ["DELETE", "SELECT", "WITH"]
+    # The log pruned (with the transaction horizon) and read; one batch of orphans (of deleted
+    # tasks: none), cancelled as found.
+    assert [s.split()[0] for s in statements] == ["WITH", "SELECT", "WITH"]
     assert not any("django_celery_beat_periodictask" in s for s in statements)
 
 
@@ -84,10 +85,9 @@ def test_a_pass_after_another_replicas_pass_for_the_same_edit_builds_no_planning
     with CaptureQueriesContext(connection) as captured:  # another replica's pass, same change
         assert ledger.reconcile(GRACE, full=False, settled=ledger.SettledChanges()) == 0
     statements = _statements(captured)
-    # The log pruned and read, the horizon, orphans (one batch, cancelled as found), plans from
-    # an older version, unplanned.
-    assert [s.split()[0] for s in statements] == ["DELETE", "SELECT", "SELECT", "WITH", "SELECT",
-                                                  "SELECT"]
+    # The log pruned (with the transaction horizon) and read, orphans (one batch, cancelled as
+    # found), plans from an older version, unplanned.
+    assert [s.split()[0] for s in statements] == ["WITH", "SELECT", "WITH", "SELECT", "SELECT"]
     assert not any("django_celery_beat_crontabschedule" in s for s in statements)
     assert {r.scheduled_for.hour for r in Run.objects.pending()} == {5}
 
