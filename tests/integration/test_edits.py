@@ -235,6 +235,9 @@ def test_a_change_settles_only_once_every_transaction_open_when_it_was_read_has_
     assert (pending.scheduled_for.hour, pending.scheduled_for.minute) == (5, 0)
     assert change in settled.settled
     assert recent_changes("default", settled) == {}
+    # below the watermark: no longer read, nor remembered
+    assert settled.since > ScheduleChange.objects.get(pk=change).changed_at
+    assert (settled.settled, settled.first_seen) == (set(), {})
 
 
 def test_a_bulk_change_is_checked_task_by_task_and_settles_the_same_way(
