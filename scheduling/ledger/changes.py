@@ -51,10 +51,10 @@ class SettledChanges:
     first read it; ``settling`` holds the rows this pass looks at for the last time, moved to
     ``settled`` by ``passed()`` once the whole pass has committed (a pass that raised settles
     nothing). ``since`` (an aware UTC datetime) is the watermark: every row changed before it is
-    settled, and passes no longer read it. A row's ``changed_at`` is its transaction's start, so
-    once the oldest transaction open in the database started at ``horizon``, every row changed
-    before ``horizon`` is visible and no other will ever be written; ``since`` moves up to that,
-    less the rows still unsettled.
+    settled, and passes no longer read it. A row's ``changed_at`` is no earlier than its
+    transaction's start, so once the oldest transaction open in the database started at
+    ``horizon``, every row changed before ``horizon`` is visible and no other will ever be
+    written; ``since`` moves up to that, less the rows still unsettled.
 
     A bulk change naming more than ``CHANGE_BATCH`` unsettled rows is not looked at row by row:
     the pass checks every task instead (``recent_changes`` returns None), which covers every row
