@@ -27,7 +27,7 @@ from kombu.transport.sqlalchemy import Channel as SQLChannel
 from kombu.transport.sqlalchemy import Transport as SQLTransport
 from kombu.utils.json import loads
 from sqlalchemy import create_engine, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, PendingRollbackError
 
 ALIAS = "sqlpoll"
 #: ``application_name`` of the broker's PostgreSQL sessions, followed by ``:<pid>``.
@@ -81,7 +81,7 @@ class Channel(SQLChannel):
         if self.message_tablename != "kombu_message":
             raise NotImplementedError("the sqlpoll transport uses the table kombu_message only")
         queue_id = self._get_or_create(queue).id
-        try:
+        try:  # committed only when it worked (kombu commits in a ``finally``: see below)
             row = self.session.execute(
                 text(
                     "WITH picked AS (SELECT id, visible FROM kombu_message"
@@ -94,8 +94,13 @@ class Channel(SQLChannel):
                 ),
                 {"queue": queue_id, "timeout": self.visibility_timeout},
             ).first()
-        finally:
-            self.session.commit()
+        except Exception:
+            # A session cut mid-poll: the commit would raise PendingRollbackError, which Celery
+            # does not recover from, in place of the connection error it does (found by the
+            # chaos run: the worker died). Rolled back, the message is delivered by a later poll.
+            self.session.rollback()
+            raise
+        self.session.commit()
         if row is None:
             raise Empty()
         payload = loads(row.payload)
@@ -141,6 +146,9 @@ class Transport(SQLTransport):
 
     Channel = Channel
     polling_interval = 0.1
+    #: A session left broken by any other path is a connection lost too: the consumer reconnects
+    #: on a new channel (a new session) instead of dying.
+    connection_errors = (*SQLTransport.connection_errors, PendingRollbackError)
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:
         """kombu's, but a timed wait lasts one polling interval while no channel may take a

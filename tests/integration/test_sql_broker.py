@@ -15,9 +15,12 @@ from queue import Empty
 import pytest
 from kombu import Connection
 from kombu.transport.sqlalchemy import Channel as SQLChannel
+from sqlalchemy import text
 
 from project import embedded
+from project.broker import Channel
 from tests.acceptance.deployment import test_database_url as database_url
+from tests.conftest import connect_raw
 
 pytestmark = [pytest.mark.once, pytest.mark.django_db(transaction=True)]  # always the SQL broker
 
@@ -101,3 +104,38 @@ def test_consumers_declaring_one_new_queue_at_once_all_get_it():
     for child in children:
         child.join(timeout=30)
     assert len(set(found)) == 1 and isinstance(found[0], int), found
+
+
+def test_a_poll_whose_session_is_cut_raises_a_connection_error_and_the_next_poll_delivers(
+    monkeypatch,
+):
+    """Found by the chaos run under load: a worker's broker session cut in the middle of a poll
+    killed the worker ("Unrecoverable error: PendingRollbackError"). kombu's poll commits in a
+    ``finally``, and the commit on the broken session replaced the connection error Celery
+    recovers from. The poll's message is not lost: it is delivered by the next poll."""
+    conn, queue = _queue(f"q-{uuid.uuid4().hex[:8]}", 3600)
+    try:
+        queue.put({"n": 1})
+        channel = conn.default_channel
+        pid = channel.session.execute(text("SELECT pg_backend_pid()")).scalar()
+        channel.session.commit()
+        declared = Channel._get_or_create
+
+        def cut_after_declaring(self, name):
+            found = declared(self, name)
+            with connect_raw() as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+                admin.commit()
+            monkeypatch.setattr(Channel, "_get_or_create", declared)  # once
+            return found
+
+        monkeypatch.setattr(Channel, "_get_or_create", cut_after_declaring)
+        with pytest.raises(conn.connection_errors) as raised:
+            queue.get(block=False)
+        assert type(raised.value).__name__ == "OperationalError"
+        message = queue.get(block=False)
+        assert (message.payload, message.delivery_info.get("redelivered")) == ({"n": 1}, None)
+        message.ack()
+    finally:
+        conn.default_channel.session.close()
+        conn.release()
