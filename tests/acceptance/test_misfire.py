@@ -91,7 +91,12 @@ def test_c04_each_misfire_policy_after_all_replicas_were_down(deployment: Deploy
             assert late[0].slots >= 5  # ...standing for every slot it missed
             assert late[0].reason == f"misfire: coalesced {late[0].slots} slots"
         elif name == "skip":
-            assert late == []  # nothing ran past its grace
+            # nothing claimed past its grace ran: every slot due more than the grace before the
+            # replicas came back was missed. A slot due after that may be claimed within its grace
+            # and still reach the broker (``dispatched_at``) just past it: seen at 4.010 s with a
+            # 4 s grace when the replicas took 4 s to start on a busy machine (docs/semantics.md:
+            # a misfire is a run *claimed* past its grace)
+            assert [r for r in late if r.scheduled_for + GRACE < up] == []
             assert len(missed) >= 4
             # the missed rows are slots from the outage on that were past their grace when the
             # new replicas claimed them (on a busy machine a replica may take longer than the
