@@ -104,10 +104,9 @@ def _cancel_orphans(using: str, task_ids: set[int] | None) -> None:
     ``task_ids``: look for disabled tasks among these only (None: among all). At most
     ``ORPHAN_BATCHES_PER_PASS`` transactions of ``ORPHAN_BATCH`` runs each.
     """
-    if task_ids is None:
-        sql, params = queries["orphan_runs_all"], {}
-    elif task_ids:
-        sql, params = queries["orphan_runs"], {"tasks": sorted(task_ids)}
+    if task_ids is None or task_ids:  # None: among every task
+        tasks = None if task_ids is None else sorted(task_ids)
+        sql, params = queries["orphan_runs"], {"tasks": tasks}
     else:
         sql, params = queries["orphan_runs_of_deleted"], {}
     params.update(limit=ORPHAN_BATCH, deleted=str(Run.Reason.TASK_DELETED),

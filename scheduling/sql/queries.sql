@@ -376,23 +376,14 @@ WITH orphan AS (
 
 -- orphan_runs --
 -- The same, and the pending scheduled runs of the disabled tasks among %(tasks)s (an array of
--- ids).
+-- ids; NULL: among every task, a full pass).
 WITH orphan AS (
     SELECT r.id, r.periodic_task_id IS NULL AS deleted
       FROM {run} r LEFT JOIN {periodic_task} t ON t.id = r.periodic_task_id
      WHERE r.status = 'pending'
        AND (r.periodic_task_id IS NULL
-            OR (r.trigger = 'schedule' AND NOT t.enabled AND r.periodic_task_id = ANY(%(tasks)s)))
-     LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED)
-{fragment_cancel_orphans}
-
--- orphan_runs_all --
--- The same among every task (a full pass).
-WITH orphan AS (
-    SELECT r.id, r.periodic_task_id IS NULL AS deleted
-      FROM {run} r LEFT JOIN {periodic_task} t ON t.id = r.periodic_task_id
-     WHERE r.status = 'pending'
-       AND (r.periodic_task_id IS NULL OR (r.trigger = 'schedule' AND NOT t.enabled))
+            OR (r.trigger = 'schedule' AND NOT t.enabled
+                AND (%(tasks)s::integer[] IS NULL OR r.periodic_task_id = ANY(%(tasks)s))))
      LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED)
 {fragment_cancel_orphans}
 
