@@ -7,6 +7,7 @@ turned into a RunRejected with a clear reason in exactly one place.
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,12 +24,18 @@ HEADER_SCHEDULED_FOR = "scheduled_for"
 
 @dataclass
 class Message:
-    """What to publish for one run: ``app.send_task(name, args, kwargs, **options)``."""
+    """What to publish for one run: ``app.send_task(name, args, kwargs, **options)``.
+
+    ``definition`` is equal for two runs whose messages differ only in their ``task_id``,
+    ``headers`` and ``expires`` options: the publisher keeps the rest of the work once per
+    definition (``publisher.RunPublisher``).
+    """
 
     name: str
     args: list[Any]
     kwargs: dict[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
+    definition: Hashable = None
 
 
 def build_message(run: Any, task: PeriodicTask, now: datetime | None = None) -> Message:
@@ -66,7 +73,13 @@ def build_message(run: Any, task: PeriodicTask, now: datetime | None = None) -> 
         )
     elif task.expires is not None:
         options["expires"] = task.expires
-    return Message(name=task.task, args=args, kwargs=kwargs, options=options)
+    definition = (
+        task.task, task.args, task.kwargs, task.queue, task.exchange, task.routing_key,
+        task.priority,
+    )
+    return Message(
+        name=task.task, args=args, kwargs=kwargs, options=options, definition=definition
+    )
 
 
 #: The JSON shape of each periodic task field a message is built from, and its empty value.

@@ -19,7 +19,6 @@ from datetime import datetime, timedelta
 from functools import cached_property, partial
 from typing import Any
 
-from amqp.exceptions import MessageNacked
 from celery import schedules
 from django.db import (
     DatabaseError,
@@ -36,10 +35,11 @@ from kombu.utils.json import dumps
 from scheduling import ledger, metrics, signals
 from scheduling.backoff import retry_delay
 from scheduling.conf import conf
-from scheduling.exceptions import PublishFailed, RunRejected, describe
+from scheduling.exceptions import PublishFailed, describe
 from scheduling.messages import Message
 from scheduling.models import Run
 from scheduling.overdue import OverdueWatch
+from scheduling.publisher import RunPublisher
 from scheduling.replicas import Heartbeat
 from scheduling.retention import BuiltinPrune
 
@@ -54,11 +54,6 @@ _ENDED = frozenset({Run.Status.MISSED, Run.Status.SKIPPED, Run.Status.FAILED})
 #: 0.2 s, or about 8 s on 2 cores when it plans them all from nothing (a first deployment), and a
 #: pass that outlasts the patience is only repeated: passes are safe concurrently.
 TURN_PATIENCE = 10.0
-#: One immediate retry of a publish (a stale pooled connection reconnects); each attempt is
-#: bounded by SCHEDULING_BROKER_TIMEOUT, so a dead broker fails the publish in seconds.
-_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0,
-                         "interval_max": 0}
-
 
 class LedgerScheduler(DatabaseScheduler):
     """A django-celery-beat ``DatabaseScheduler`` whose runs are claimed from the run ledger.
@@ -86,10 +81,10 @@ class LedgerScheduler(DatabaseScheduler):
         self._settled = ledger.SettledChanges()
         self._book = ledger.TaskBook()  # what the claims owe the task rows (last_run_at, ...)
         self._floor = ledger.DueFloor()  # where the poll and the claim start their scans
-        self._bound_queues: dict[str, Any] = {}  # queue name: kombu Queue bound to the channel
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         pin_publish_settings(self.app)
+        self._runs = RunPublisher(self.app)
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
         self.app.loader.import_default_modules()
 
@@ -342,65 +337,13 @@ class LedgerScheduler(DatabaseScheduler):
         return batch()
 
     def _publisher(self) -> Callable[[Message], None]:
-        """``_publish`` with the settings it reads taken once, for one claim or redelivery pass
-        (a setting read costs microseconds; a claim publishes up to ``SCHEDULING_BATCH_SIZE``)."""
+        """``RunPublisher.publish`` on this replica's producer, with the settings it reads taken
+        once, for one claim or redelivery pass (a setting read costs microseconds; a claim
+        publishes up to ``SCHEDULING_BATCH_SIZE``)."""
         return partial(
-            self._publish, reject_unknown=conf.reject_unknown_tasks, timeout=conf.broker_timeout
+            self._runs.publish, self.producer,
+            reject_unknown=conf.reject_unknown_tasks, timeout=conf.broker_timeout,
         )
-
-    def _publish(self, message: Message, reject_unknown: bool, timeout: float) -> None:
-        """Send one run's message; return once the broker has it (its confirm, on AMQP).
-
-        ``reject_unknown`` and ``timeout`` (seconds) are ``SCHEDULING_REJECT_UNKNOWN_TASKS`` and
-        ``SCHEDULING_BROKER_TIMEOUT`` (``_publisher``). Raises RunRejected for an unknown task name,
-        PublishFailed when the broker refused the message (``basic.nack``: a full queue with
-        ``reject-publish``, say), and lets the other broker errors (a channel error such as a
-        missing exchange, a lost connection, a confirm not received within the timeout)
-        propagate: the claim rolls back.
-        """
-        if reject_unknown and message.name not in self.app.tasks:
-            raise RunRejected(f"unknown task name {message.name!r}: not registered in this app")
-        options = message.options
-        queue = self._bound_queue(options)
-        if queue is not None:
-            options = {**options, "queue": queue}
-        try:
-            self.app.send_task(
-                message.name,
-                args=message.args,
-                kwargs=message.kwargs,
-                producer=self.producer,
-                retry=True,
-                retry_policy=_PUBLISH_RETRY_POLICY,
-                confirm_timeout=timeout,
-                **options,
-            )
-        except KombuOperationalError as exc:
-            if isinstance(exc.__cause__, MessageNacked):  # kombu's message for it is empty
-                raise PublishFailed("the broker refused the message (basic.nack)") from exc
-            raise
-
-    def _bound_queue(self, options: dict[str, Any]) -> Any:
-        """The kombu queue a message goes to, bound to this replica's channel; None when Celery's
-        ``task_routes`` decide it (Celery then routes the message itself).
-
-        Celery hands the queue it routed a message to (the message's ``queue``, else
-        ``task_default_queue``) to kombu to declare, once per connection (kombu's cache); kombu
-        first binds an unbound queue, as Celery's own are, to the channel, which copies it at
-        every publish: a tenth of a replica's CPU in a burst (issue 17's profile). A queue bound
-        once per channel here is the same queue (the same name, declared the same way), used as
-        it is.
-        """
-        if self.app.amqp.router.routes:
-            return None
-        name = options.get("queue") or self.app.conf.task_default_queue
-        if not isinstance(name, str):
-            return None
-        channel = self.producer.channel
-        bound = self._bound_queues.get(name)
-        if bound is None or bound.channel is not channel:
-            bound = self._bound_queues[name] = self.app.amqp.queues[name].bind(channel)
-        return bound
 
     def _recovered(self) -> None:
         """Log the end of an outage once, when the database or broker answered again.
@@ -441,7 +384,7 @@ class LedgerScheduler(DatabaseScheduler):
     def _reset_producer(self) -> None:
         """Drop the broker connection so the next publish reconnects."""
         self.__dict__.pop("producer", None)
-        self._bound_queues.clear()
+        self._runs.forget_channel()
         broker = self.__dict__.pop("connection", None)
         if broker is not None:
             try:
@@ -468,11 +411,11 @@ class _Unbuffered:
         """Nothing is held back: every publish was sent when it was made."""
 
 
-#: The Celery settings ``send_task`` reads at every publish (Celery 5.7), and the default queue
-#: (``LedgerScheduler._bound_queue``).
+#: The Celery settings ``send_task`` reads at every publish (Celery 5.7), and those the replica's
+#: ``publisher.RunPublisher`` reads to build a message (a template, or a run with an expiry).
 PUBLISH_SETTINGS = (
     "task_always_eager", "task_repr_maxlevels", "task_send_sent_event",
-    "broker_pool_acquire_timeout", "task_default_queue",
+    "broker_pool_acquire_timeout", "task_default_queue", "task_protocol",
 )
 
 

@@ -1,6 +1,6 @@
 """Where a replica's messages go: the task's queue, Celery's default queue, or ``task_routes``.
 
-The replica hands Celery the queue bound to its channel once (``LedgerScheduler._bound_queue``)
+The replica hands Celery the queue bound to its channel once (``publisher.RunPublisher``)
 instead of the name Celery would bind at every publish; what reaches the broker must not change.
 Each case reads the queues back from the configured broker (Redis, RabbitMQ, kombu's SQL
 transport).

@@ -1,0 +1,217 @@
+"""Publish runs' Celery messages as ``app.send_task`` would, the work that is the same for every
+run of a task done once.
+
+``Celery.send_task`` builds every message from nothing: it looks the task up in the registry,
+merges its execution options, routes it, renders ``argsrepr``/``kwargsrepr`` and reads about ten
+settings; it was a third of a replica's CPU in a burst, more than the claim's own SQL (issue 17's
+profile). A replica sends the same periodic task's message every slot with only the run's ids and
+headers changed. ``RunPublisher`` keeps what ``send_task`` computes for a task definition (a
+``_Template``, built by Celery's own ``amqp.create_task_message`` and ``amqp.router``) and sends
+each run through Celery's own ``amqp.send_task_message``: its routing defaults, serializer,
+compression, retry policy and ``before_task_publish``/``after_task_publish`` signals, so tracing
+that injects headers there still sees every message. What reaches the broker is what
+``send_task`` would have sent (``tests/integration/test_publisher.py`` compares the two).
+
+No SQL here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from amqp.exceptions import MessageNacked
+from celery.app.amqp import task_message
+from celery.utils.time import maybe_make_aware
+from kombu import Queue
+from kombu.exceptions import OperationalError as KombuOperationalError
+
+from scheduling.exceptions import PublishFailed, RunRejected
+from scheduling.messages import Message
+
+#: One immediate retry of a publish (a stale pooled connection reconnects); each attempt is
+#: bounded by SCHEDULING_BROKER_TIMEOUT, so a dead broker fails the publish in seconds.
+PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0,
+                        "interval_max": 0}
+#: Templates a replica keeps: one per periodic task definition it published; past this many the
+#: cache starts again empty (a template costs about one ``send_task``).
+TEMPLATES_KEPT = 20_000
+#: ``Message.options`` that differ from run to run of one task definition.
+_PER_RUN = ("task_id", "headers", "expires")
+
+
+@dataclass(frozen=True)
+class _Template:
+    """What ``send_task`` computes for one task definition, whatever the run.
+
+    ``route`` holds the options ``send_task`` routes (the task type's execution options under the
+    periodic task's own); ``options`` the routed result, handed to ``send_task_message``, or None
+    when ``task_routes`` are configured: a router may answer differently each time, so those are
+    routed per run, as ``send_task`` does. ``message`` is Celery's protocol 2 message for a
+    placeholder task id and no expiry; None under ``task_protocol`` 1, whose body holds the id:
+    then every run's message is built by ``create_task_message``.
+    """
+
+    name: str
+    route: dict[str, Any]
+    options: dict[str, Any] | None
+    message: Any
+    create: dict[str, Any]
+    expires: Any
+    ignore_result: bool
+    task_type: Any
+
+
+class RunPublisher:
+    """Send runs' messages on a producer: ``publish(producer, message, ...)``.
+
+    One per replica; it keeps a ``_Template`` per task definition (``Message.definition``) and each
+    queue bound to the producer's channel. Built with the Celery ``app`` the replica runs.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._templates: dict[Hashable, _Template] = {}
+        self._bound: dict[int, tuple[Queue, Queue]] = {}  # id of Celery's queue: (it, bound copy)
+
+    def forget_channel(self) -> None:
+        """Drop the queues bound to the old channel (the broker connection was reset)."""
+        self._bound.clear()
+
+    def publish(
+        self, producer: Any, message: Message, *, reject_unknown: bool, timeout: float
+    ) -> None:
+        """Send one run's message; return once the broker has it (its confirm, on AMQP).
+
+        ``reject_unknown`` and ``timeout`` (seconds) are ``SCHEDULING_REJECT_UNKNOWN_TASKS`` and
+        ``SCHEDULING_BROKER_TIMEOUT``. Raises RunRejected for an unknown task name, PublishFailed
+        when the broker refused the message (``basic.nack``: a full queue with
+        ``reject-publish``, say), and lets the other broker errors (a channel error such as a
+        missing exchange, a lost connection, a confirm not received within the timeout)
+        propagate as kombu's errors: the claim rolls back.
+        """
+        app = self.app
+        if reject_unknown and message.name not in app.tasks:
+            raise RunRejected(f"unknown task name {message.name!r}: not registered in this app")
+        template = self._templates.get(message.definition)
+        if template is None or message.definition is None:
+            template = self._template(message)
+        task_id = message.options["task_id"]
+        expires = message.options.get("expires", template.expires)
+        options = template.options
+        if options is None:
+            options = app.amqp.router.route(
+                {**template.route, "headers": message.options["headers"]},
+                message.name, message.args, message.kwargs, template.task_type,
+            )
+        if expires is None and template.message is not None:
+            sent = _instantiate(template.message, task_id, message)
+        else:
+            sent, options = self._build(template, message, task_id, expires, options)
+        options = self._bind(options, producer.channel)
+        try:
+            with producer.connection._reraise_as_library_errors():
+                if not template.ignore_result:
+                    app.backend.on_task_call(producer, task_id)
+                app.amqp.send_task_message(
+                    producer, message.name, sent,
+                    retry=True, retry_policy=PUBLISH_RETRY_POLICY, confirm_timeout=timeout,
+                    **{**options, "headers": message.options["headers"]},
+                )
+        except KombuOperationalError as exc:
+            if isinstance(exc.__cause__, MessageNacked):  # kombu's message for it is empty
+                raise PublishFailed("the broker refused the message (basic.nack)") from exc
+            raise
+
+    def _template(self, message: Message) -> _Template:
+        """Compute what one run of ``message``'s task definition shares with every other, as
+        Celery beat's ``apply_async`` of a registered task (``Task.apply_async``) or
+        ``send_task`` of another name (Celery 5.5 to 5.7) computes it, and keep it."""
+        app = self.app
+        task_type = app._tasks.get(message.name)
+        options = {k: v for k, v in message.options.items() if k not in _PER_RUN}
+        create: dict[str, Any] = {"shadow": None, "ignore_result": None}
+        if task_type is not None:  # Task.apply_async: the task's options under the run's
+            options = {**task_type._get_exec_options(), **options}
+            options.setdefault("ignore_result", task_type.ignore_result)
+            if not task_type.__v2_compat__:
+                create["shadow"] = task_type.shadow_name(message.args, message.kwargs, options)
+        expires = options.pop("expires", None)  # the task type's; a run's own comes first
+        create.update(
+            time_limit=options.pop("time_limit", None),
+            soft_time_limit=options.pop("soft_time_limit", None),
+            ignore_result=options.pop("ignore_result", None),
+        )
+        routed = None
+        if not app.amqp.router.routes:
+            routed = app.amqp.router.route(
+                dict(options), message.name, message.args, message.kwargs, task_type
+            )
+        built = None
+        if app.conf.task_protocol == 2:
+            built = self._create(message, "-", None, create, routed or options)
+        template = _Template(
+            name=message.name, route=options, options=routed, message=built, create=create,
+            expires=expires, ignore_result=bool(create["ignore_result"]), task_type=task_type,
+        )
+        if message.definition is not None:
+            if len(self._templates) >= TEMPLATES_KEPT:
+                self._templates.clear()
+            self._templates[message.definition] = template
+        return template
+
+    def _create(
+        self, message: Message, task_id: str, expires: Any, create: dict[str, Any],
+        options: dict[str, Any],
+    ) -> Any:
+        """Celery's protocol message for one run, built as ``send_task`` builds it."""
+        app = self.app
+        return app.amqp.create_task_message(
+            task_id, message.name, message.args, message.kwargs, None, None, None, None,
+            expires, 0, None, None, None, app.thread_oid, create["time_limit"],
+            create["soft_time_limit"], app.conf.task_send_sent_event, None, None,
+            create["shadow"], None, ignore_result=create["ignore_result"], replaced_task_nesting=0,
+            **{k: v for k, v in options.items() if k != "headers"},
+        )
+
+    def _build(
+        self, template: _Template, message: Message, task_id: str, expires: Any,
+        options: dict[str, Any],
+    ) -> tuple[Any, dict[str, Any]]:
+        """A run's message built whole (an expiry, or protocol 1), and its options with the
+        ``expiration`` property ``send_task`` adds for an expiry (seconds from now, at least 0)."""
+        if expires is not None:
+            seconds = expires
+            if isinstance(expires, datetime):
+                seconds = (maybe_make_aware(expires) - self.app.now()).total_seconds()
+            options = {**options, "expiration": max(seconds, 0)}
+        return self._create(message, task_id, expires, template.create, options), options
+
+    def _bind(self, options: dict[str, Any], channel: Any) -> dict[str, Any]:
+        """``options`` with its queue bound to ``channel`` once, not copied at every publish.
+
+        Celery hands kombu the queue it routed to, unbound; kombu binds a copy to the channel at
+        each publish before it checks its declaration cache: a tenth of a replica's CPU in a
+        burst (issue 17's profile). The bound copy is the same queue, declared the same way.
+        """
+        queue = options.get("queue")
+        if not isinstance(queue, Queue) or queue.is_bound:
+            return options
+        kept = self._bound.get(id(queue))
+        if kept is None or kept[0] is not queue or kept[1].channel is not channel:
+            kept = self._bound[id(queue)] = (queue, queue.bind(channel))
+        return {**options, "queue": kept[1]}
+
+
+def _instantiate(template: Any, task_id: str, message: Message) -> Any:
+    """A copy of a protocol 2 template message for the run with ``task_id``: its id, root id
+    and correlation id; Celery's ``send_task_message`` adds ``message``'s headers itself."""
+    headers, properties, body, sent_event = template
+    headers = {**headers, "id": task_id, "root_id": task_id}
+    properties = {**properties, "correlation_id": task_id}
+    body = (message.args or (), message.kwargs or {}, dict(body[2]))
+    if sent_event is not None:
+        sent_event = {**sent_event, "uuid": task_id, "root_id": task_id}
+    return task_message(headers, properties, body, sent_event)
