@@ -1,23 +1,26 @@
-"""Publish runs' Celery messages as ``app.send_task`` would, the work that is the same for every
-run of a task done once.
+"""Publish runs' Celery messages as Celery beat would, the work that is the same for every run
+of a task definition done once.
 
-``Celery.send_task`` builds every message from nothing: it looks the task up in the registry,
-merges its execution options, routes it, renders ``argsrepr``/``kwargsrepr`` and reads about ten
-settings; it was a third of a replica's CPU in a burst, more than the claim's own SQL (issue 17's
-profile). A replica sends the same periodic task's message every slot with only the run's ids and
-headers changed. ``RunPublisher`` keeps what ``send_task`` computes for a task definition (a
-``_Template``, built by Celery's own ``amqp.create_task_message`` and ``amqp.router``) and sends
-each run through Celery's own ``amqp.send_task_message``: its routing defaults, serializer,
-compression, retry policy and ``before_task_publish``/``after_task_publish`` signals, so tracing
-that injects headers there still sees every message. What reaches the broker is what
-``send_task`` would have sent (``tests/integration/test_publisher.py`` compares the two).
+Beat sends a registered task with its ``apply_async``, which merges the task's execution options
+and calls ``Celery.send_task``; that builds every message from nothing: the route, the
+``argsrepr``/``kwargsrepr``, a dozen settings read. It was a third of a replica's CPU in a burst,
+more than the claim's own SQL (issue 17's profile). A replica sends the same periodic task's
+message every slot with only the run's ids and headers changed. ``RunPublisher`` keeps what
+``apply_async`` computes for a task definition (a ``_Template``, built by Celery's own
+``amqp.create_task_message`` and ``amqp.router``) and sends each run through Celery's own
+``amqp.send_task_message``: its serializer, compression, retry policy and
+``before_task_publish``/``after_task_publish`` signals, so tracing that injects headers there
+still sees every message. A task name this app does not know goes through ``send_task``, as
+beat sends it. What reaches the broker is what beat would have sent
+(``tests/integration/test_publisher.py`` compares the two).
 
 No SQL here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -44,11 +47,11 @@ _PER_RUN = ("task_id", "headers", "expires")
 
 @dataclass(frozen=True)
 class _Template:
-    """What ``send_task`` computes for one task definition, whatever the run.
+    """What ``Task.apply_async`` computes for one task definition, whatever the run.
 
-    ``route`` holds the options ``send_task`` routes (the task type's execution options under the
-    periodic task's own); ``options`` the routed result, handed to ``send_task_message``, or None
-    when ``task_routes`` are configured: a router may answer differently each time, so those are
+    ``route`` holds the options it routes (the task's execution options under the periodic
+    task's own); ``options`` the routed result, handed to ``send_task_message``, or None when
+    ``task_routes`` are configured: a router may answer differently each time, so those are
     routed per run, as ``send_task`` does. ``message`` is Celery's protocol 2 message for a
     placeholder task id and no expiry; None under ``task_protocol`` 1, whose body holds the id:
     then every run's message is built by ``create_task_message``.
@@ -61,7 +64,6 @@ class _Template:
     create: dict[str, Any]
     expires: Any
     ignore_result: bool
-    task_type: Any
 
 
 class RunPublisher:
@@ -93,57 +95,63 @@ class RunPublisher:
         propagate as kombu's errors: the claim rolls back.
         """
         app = self.app
-        if reject_unknown and message.name not in app.tasks:
-            raise RunRejected(f"unknown task name {message.name!r}: not registered in this app")
+        task_type = app.tasks.get(message.name)
+        if task_type is None:
+            if reject_unknown:
+                raise RunRejected(
+                    f"unknown task name {message.name!r}: not registered in this app"
+                )
+            with _refusal():  # beat sends a name it does not know with send_task: so do we
+                app.send_task(
+                    message.name, args=message.args, kwargs=message.kwargs, producer=producer,
+                    retry=True, retry_policy=PUBLISH_RETRY_POLICY, confirm_timeout=timeout,
+                    **message.options,
+                )
+            return
         template = self._templates.get(message.definition)
         if template is None or message.definition is None:
-            template = self._template(message)
+            template = self._template(message, task_type)
         task_id = message.options["task_id"]
         expires = message.options.get("expires", template.expires)
         options = template.options
         if options is None:
             options = app.amqp.router.route(
                 {**template.route, "headers": message.options["headers"]},
-                message.name, message.args, message.kwargs, template.task_type,
+                message.name, message.args, message.kwargs, task_type,
             )
         if expires is None and template.message is not None:
             sent = _instantiate(template.message, task_id, message)
         else:
             sent, options = self._build(template, message, task_id, expires, options)
         options = self._bind(options, producer.channel)
-        try:
-            with producer.connection._reraise_as_library_errors():
-                if not template.ignore_result:
-                    app.backend.on_task_call(producer, task_id)
-                app.amqp.send_task_message(
-                    producer, message.name, sent,
-                    retry=True, retry_policy=PUBLISH_RETRY_POLICY, confirm_timeout=timeout,
-                    **{**options, "headers": message.options["headers"]},
-                )
-        except KombuOperationalError as exc:
-            if isinstance(exc.__cause__, MessageNacked):  # kombu's message for it is empty
-                raise PublishFailed("the broker refused the message (basic.nack)") from exc
-            raise
+        with _refusal(), producer.connection._reraise_as_library_errors():
+            if not template.ignore_result:
+                app.backend.on_task_call(producer, task_id)
+            app.amqp.send_task_message(
+                producer, message.name, sent,
+                retry=True, retry_policy=PUBLISH_RETRY_POLICY, confirm_timeout=timeout,
+                **{**options, "headers": message.options["headers"]},
+            )
 
-    def _template(self, message: Message) -> _Template:
+    def _template(self, message: Message, task_type: Any) -> _Template:
         """Compute what one run of ``message``'s task definition shares with every other, as
-        Celery beat's ``apply_async`` of a registered task (``Task.apply_async``) or
-        ``send_task`` of another name (Celery 5.5 to 5.7) computes it, and keep it."""
+        Celery beat's ``apply_async`` of the registered ``task_type`` (``Task.apply_async``,
+        Celery 5.5 to 5.7) computes it, and keep it."""
         app = self.app
-        task_type = app._tasks.get(message.name)
-        options = {k: v for k, v in message.options.items() if k not in _PER_RUN}
-        create: dict[str, Any] = {"shadow": None, "ignore_result": None}
-        if task_type is not None:  # Task.apply_async: the task's options under the run's
-            options = {**task_type._get_exec_options(), **options}
-            options.setdefault("ignore_result", task_type.ignore_result)
-            if not task_type.__v2_compat__:
-                create["shadow"] = task_type.shadow_name(message.args, message.kwargs, options)
+        # Task.apply_async: the task's execution options under the run's own.
+        options = {**task_type._get_exec_options()}
+        options.update((k, v) for k, v in message.options.items() if k not in _PER_RUN)
+        options.setdefault("ignore_result", task_type.ignore_result)
+        shadow = None
+        if not task_type.__v2_compat__:
+            shadow = task_type.shadow_name(message.args, message.kwargs, options)
         expires = options.pop("expires", None)  # the task type's; a run's own comes first
-        create.update(
-            time_limit=options.pop("time_limit", None),
-            soft_time_limit=options.pop("soft_time_limit", None),
-            ignore_result=options.pop("ignore_result", None),
-        )
+        create = {
+            "shadow": shadow,
+            "time_limit": options.pop("time_limit", None),
+            "soft_time_limit": options.pop("soft_time_limit", None),
+            "ignore_result": options.pop("ignore_result"),
+        }
         routed = None
         if not app.amqp.router.routes:
             routed = app.amqp.router.route(
@@ -154,7 +162,7 @@ class RunPublisher:
             built = self._create(message, "-", None, create, routed or options)
         template = _Template(
             name=message.name, route=options, options=routed, message=built, create=create,
-            expires=expires, ignore_result=bool(create["ignore_result"]), task_type=task_type,
+            expires=expires, ignore_result=bool(create["ignore_result"]),
         )
         if message.definition is not None:
             if len(self._templates) >= TEMPLATES_KEPT:
@@ -203,6 +211,18 @@ class RunPublisher:
         if kept is None or kept[0] is not queue or kept[1].channel is not channel:
             kept = self._bound[id(queue)] = (queue, queue.bind(channel))
         return {**options, "queue": kept[1]}
+
+
+@contextmanager
+def _refusal() -> Iterator[None]:
+    """Raise PublishFailed for a publish the broker refused (``basic.nack``: a full queue with
+    ``reject-publish``, say), which kombu raises as an OperationalError with an empty message."""
+    try:
+        yield
+    except KombuOperationalError as exc:
+        if isinstance(exc.__cause__, MessageNacked):
+            raise PublishFailed("the broker refused the message (basic.nack)") from exc
+        raise
 
 
 def _instantiate(template: Any, task_id: str, message: Message) -> Any:

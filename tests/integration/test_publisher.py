@@ -26,7 +26,7 @@ from scheduling.messages import Message
 from scheduling.publisher import PUBLISH_RETRY_POLICY, RunPublisher
 from tests.acceptance.deployment import delete_queue
 
-pytestmark = pytest.mark.django_db(transaction=True)  # kombu's SQL transport: its own tables
+pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]  # SQL transport: tables
 
 
 def _name(prefix: str) -> str:
