@@ -38,9 +38,10 @@ from scheduling.messages import Message
 #: bounded by SCHEDULING_BROKER_TIMEOUT, so a dead broker fails the publish in seconds.
 PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0,
                         "interval_max": 0}
-#: Templates a replica keeps: one per periodic task definition it published; past this many the
-#: cache starts again empty (a template costs about one ``send_task``).
-TEMPLATES_KEPT = 20_000
+#: Templates a replica keeps: one per periodic task definition it published (about 3 KB each);
+#: past this many the cache starts again empty. A template costs about one ``send_task`` to
+#: build, so tasks run too seldom to be found in the cache cost no more than before.
+TEMPLATES_KEPT = 5_000
 #: ``Message.options`` that differ from run to run of one task definition.
 _PER_RUN = ("task_id", "headers", "expires")
 
