@@ -96,11 +96,18 @@ class LedgerScheduler(DatabaseScheduler):
     def setup_schedule(self) -> None:
         """Sync ``CELERY_BEAT_SCHEDULE`` into periodic tasks; an unchanged entry writes nothing.
 
-        Also opens the metrics port when configured: here, not in ``__init__``, because beat's
-        start-up banner builds a second, lazy scheduler that never sets up its schedule.
+        Also opens the metrics port when configured, and warns once when ``task_always_eager`` is
+        on: here, not in ``__init__``, because beat's start-up banner builds a second, lazy
+        scheduler that never sets up its schedule.
         """
         if conf.metrics_port is not None:
             metrics.serve(conf.metrics_port, conf.metrics_addr)
+        if self.app.conf.task_always_eager:
+            logger.warning(
+                "task_always_eager is on: this replica still sends every run to the broker for a"
+                " worker to run, but tasks your code calls with .delay() run inline, without a"
+                " worker or the ledger", extra={"action": "always_eager"},
+            )
         if self.app.conf.beat_schedule:
             sync_beat_schedule(self.app.conf.beat_schedule)
 

@@ -8,6 +8,7 @@ transport).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -107,3 +108,36 @@ def _has(app: Celery, name: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+def test_with_task_always_eager_a_run_still_goes_to_the_broker_and_the_replica_says_so_once(
+    make_task, queues, settings, caplog
+):
+    default = _name("default")
+    queues.append(default)
+    app = _app(default, task_always_eager=True)
+    ran: list[str] = []
+
+    @app.task(name="eager.tasks.recorded", shared=False)
+    def recorded() -> None:
+        ran.append("inline")  # would run here, in the replica, if it were applied eagerly
+
+    start = ledger.database_now() - timedelta(seconds=0.5)
+    task = make_task(every=3600, start_time=start, name="eager", task="eager.tasks.recorded")
+    scheduler = LedgerScheduler(app=app)
+    try:
+        with caplog.at_level(logging.WARNING, logger="scheduling.schedulers"):
+            scheduler.setup_schedule()
+        for _ in range(3):
+            scheduler.tick()
+    finally:
+        scheduler.close()
+    sent = Run.objects.get(periodic_task=task, status=Run.Status.DISPATCHED)
+
+    assert broker_task_ids(default) == [sent.task_id]
+    assert ran == []
+    assert [r.getMessage() for r in caplog.records if r.name == "scheduling.schedulers"] == [
+        "task_always_eager is on: this replica still sends every run to the broker for a worker"
+        " to run, but tasks your code calls with .delay() run inline, without a worker or the"
+        " ledger"
+    ]

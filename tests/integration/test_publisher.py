@@ -267,3 +267,17 @@ def test_task_protocol_1_builds_every_runs_message(queue):
 
     assert [m["body"]["task"] for m in sent] == ["cases.plain"] * 2
     assert sent[0]["body"]["id"] != sent[1]["body"]["id"]
+
+
+def test_past_templates_kept_the_cache_starts_again_and_messages_stay_the_same(
+    queue, monkeypatch
+):
+    monkeypatch.setattr("scheduling.publisher.TEMPLATES_KEPT", 2)
+    app = _app(queue)
+    publisher = RunPublisher(app)
+    sent = _compare(
+        app, queue, *[_message("cases.plain", [i], {}) for i in range(3)], publisher=publisher
+    )
+
+    assert [m["body"][0] for m in sent] == [[0], [1], [2]]
+    assert len(publisher._templates) == 1  # the third definition's, in a cache started again
