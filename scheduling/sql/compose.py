@@ -8,6 +8,9 @@ come from the model, so a new column needs no edit here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
+
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 from psycopg import sql
@@ -91,6 +94,33 @@ def update_runs(names: tuple[str, ...], connection: BaseDatabaseWrapper) -> tupl
         assignments=sql.SQL(", ").join(sql.SQL("{} = v.{}").format(c, c) for c in columns[1:]),
     )
     return _text(statement, connection), fields
+
+
+def array(values: Sequence[object]) -> object:
+    """``values`` in PostgreSQL's text form of a one-dimensional array, for a ``%s::type[]``.
+
+    The bulk writes send one array per column, and psycopg's list dumper adapts each element in
+    a Python loop: about a twentieth of a replica's CPU in a burst (issue 17's profile). This
+    writes the literal in one join: ``NULL`` for None, ``t``/``f``, decimal integers, and aware
+    datetimes (ISO 8601 with their offset) and strings double-quoted, a backslash before each
+    ``"`` and ``\\`` (PostgreSQL's array input rules). Any other element (a naive datetime, a
+    float, a dict) leaves the list as it is, for psycopg to adapt.
+    """
+    items = []
+    for value in values:
+        if value is None:
+            items.append("NULL")
+        elif value is True or value is False:
+            items.append("t" if value else "f")
+        elif isinstance(value, int):
+            items.append(str(int(value)))
+        elif isinstance(value, str):
+            items.append('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        elif isinstance(value, datetime) and value.utcoffset() is not None:
+            items.append('"' + value.isoformat() + '"')
+        else:
+            return values
+    return "{" + ",".join(items) + "}"
 
 
 def literal(value: str) -> str:
