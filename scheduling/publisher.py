@@ -58,7 +58,6 @@ class _Template:
     then every run's message is built by ``create_task_message``.
     """
 
-    name: str
     route: dict[str, Any]
     options: dict[str, Any] | None
     message: Any
@@ -110,7 +109,7 @@ class RunPublisher:
                 )
             return
         template = self._templates.get(message.definition)
-        if template is None or message.definition is None:
+        if template is None:  # never found for a message without a definition: none is kept
             template = self._template(message, task_type)
         task_id = message.options["task_id"]
         expires = message.options.get("expires", template.expires)
@@ -162,7 +161,7 @@ class RunPublisher:
         if app.conf.task_protocol == 2:
             built = self._create(message, "-", None, create, routed or options)
         template = _Template(
-            name=message.name, route=options, options=routed, message=built, create=create,
+            route=options, options=routed, message=built, create=create,
             expires=expires, ignore_result=bool(create["ignore_result"]),
         )
         if message.definition is not None:
