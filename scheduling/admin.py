@@ -39,6 +39,7 @@ from scheduling.exceptions import PauseRejected, RunRejected, ScheduleError, Sch
 from scheduling.messages import load_json
 from scheduling.models import Pause, Replica, Run, ScheduleHealth, TaskHistory, TaskPolicy
 from scheduling.outcomes import OUTCOMES, status_badge
+from scheduling.overview import Paused
 
 RECENT_RUNS = 10
 RECENT_PAUSES = 5
@@ -257,6 +258,12 @@ class PeriodicTaskAdmin(RecordsActorAdmin, preview.UpcomingRunsAdmin, BasePeriod
 
     def saved_task(self, obj: PeriodicTask) -> PeriodicTask:
         return obj
+
+    def paused(self, obj: PeriodicTask) -> str:
+        current = Pause.objects.open().filter(periodic_task=obj).first()
+        return "" if current is None else Paused(
+            current.paused_at, current.paused_by, current.why
+        ).describe()
 
     def edited_task(self, form: forms.ModelForm, now: datetime) -> PeriodicTask:
         """The form's schedule fields only: the task name, say, may still be missing."""

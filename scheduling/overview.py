@@ -22,20 +22,39 @@ from django_celery_beat.models import CrontabSchedule, PeriodicTask
 from scheduling.clock import database_now
 from scheduling.durations import seconds
 from scheduling.exceptions import ScheduleError
-from scheduling.models import Run
+from scheduling.models import Pause, Run
 from scheduling.upcoming import UpcomingRun, upcoming_runs
+
+
+@dataclass(frozen=True)
+class Paused:
+    """A task's open pause: since when (aware, UTC, the database clock), by whom, and why."""
+
+    since: datetime
+    by: str
+    why: str
+
+    def describe(self) -> str:
+        """``paused since 2026-01-05 10:00:00 UTC by alice: quarter close`` (why "-" if empty)."""
+        return f"paused since {format_time(self.since)} by {self.by}: {self.why or '-'}"
+
+    def as_json(self) -> dict[str, str]:
+        """``{"since": ISO UTC, "by": ..., "why": ...}``."""
+        return {"since": self.since.isoformat(), "by": self.by, "why": self.why}
 
 
 @dataclass(frozen=True)
 class TaskStatus:
     """One periodic task as ``scheduling_status`` shows it.
 
-    ``next_run``: the earliest pending run's slot; ``last_status`` and ``last_run``: the newest
+    ``next_run``: the earliest pending run's slot (None while paused: it will not be dispatched); ``last_status`` and ``last_run``: the newest
     run by slot that is neither pending nor cancelled (its status and slot); ``lateness``:
     dispatched_at - due_at of the newest dispatched scheduled run, seconds. Datetimes are
     aware, UTC; each is None when there is no such run. ``upcoming``: the next slots after the
     database clock (``scheduling.upcoming``), as many as asked for; ``upcoming_error``: why the
-    schedule gives none (a ScheduleError's text), else "".
+    schedule gives none (a ScheduleError's text), else "". ``paused``: the task's open pause,
+    None when it is not paused; a paused task has no upcoming slot (resuming plans the first slot
+    after the resume).
     """
 
     name: str
@@ -47,10 +66,15 @@ class TaskStatus:
     lateness: float | None
     upcoming: tuple[UpcomingRun, ...] = ()
     upcoming_error: str = ""
+    paused: Paused | None = None
 
 
 def task_statuses(upcoming: int = 0) -> list[TaskStatus]:
-    """Return every periodic task's status, by name, with its next ``upcoming`` slots (>= 0)."""
+    """Return every periodic task's status, by name, with its next ``upcoming`` slots (>= 0).
+
+    One query for every task (the runs and the open pause as subqueries).
+    """
+    pause = Pause.objects.open().filter(periodic_task=OuterRef("pk")).order_by()
     runs = Run.objects.filter(periodic_task=OuterRef("pk"))
     pending = runs.pending().order_by("scheduled_for", "pk")
     last = runs.exclude(status__in=(Run.Status.PENDING, Run.Status.CANCELLED)).order_by(
@@ -73,23 +97,31 @@ def task_statuses(upcoming: int = 0) -> list[TaskStatus]:
             last_status=Subquery(last.values("status")[:1]),
             last_run=Subquery(last.values("scheduled_for")[:1]),
             lateness=Subquery(dispatched.values("late")[:1]),
+            paused_at=Subquery(pause.values("paused_at")[:1]),
+            paused_by=Subquery(pause.values("paused_by")[:1]),
+            paused_why=Subquery(pause.values("why")[:1]),
         )
         .order_by("name")
     )
     now = database_now()
-    return [
-        TaskStatus(
+    statuses = []
+    for task in tasks:
+        paused = (
+            None if task.paused_at is None
+            else Paused(task.paused_at, task.paused_by, task.paused_why)
+        )
+        statuses.append(TaskStatus(
             name=task.name,
             schedule=describe_schedule(task),
             enabled=task.enabled,
-            next_run=task.next_run,
+            next_run=None if paused else task.next_run,
             last_status=task.last_status,
             last_run=task.last_run,
             lateness=seconds(task.lateness),
-            **_upcoming(task, now, upcoming),
-        )
-        for task in tasks
-    ]
+            paused=paused,
+            **_upcoming(task, now, 0 if paused else upcoming),
+        ))
+    return statuses
 
 
 def _upcoming(task: PeriodicTask, now: datetime, count: int) -> dict[str, Any]:

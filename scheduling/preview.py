@@ -34,12 +34,20 @@ SLOT_FIELDS = ("start_time", "expires", "one_off", "enabled")
 CRONTAB_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week", "timezone")
 
 
-def render(task: PeriodicTask, after: datetime, about: str, count: int = DEFAULT_COUNT) -> str:
+def render(
+    task: PeriodicTask, after: datetime, about: str, count: int = DEFAULT_COUNT,
+    paused: str = "",
+) -> str:
     """Return the HTML table of ``task``'s next ``count`` slots after ``after`` (aware).
 
     ``about`` is the line above the table. A schedule that gives no slot shows why (its
-    ScheduleError, or an unknown crontab time zone) instead of raising.
+    ScheduleError, or an unknown crontab time zone) instead of raising. ``paused`` describes the
+    task's open pause ("paused since ... by ...: why"): then no slot is listed, since none runs
+    until a resume plans the first slot after it.
     """
+    if paused:
+        none = f"None: the task is {paused}. Resuming plans the first slot after the resume."
+        return render_to_string("admin/scheduling/upcoming_runs.html", {"none": none})
     context: dict[str, Any] = {"about": about, "none": _none(task)}
     try:
         context["runs"] = upcoming_runs(task, after, count)
@@ -114,6 +122,10 @@ class UpcomingRunsAdmin(admin.ModelAdmin):
         """The task the valid-enough ``form`` would save at ``now``; ScheduleError says why not."""
         raise NotImplementedError
 
+    def paused(self, obj: Any) -> str:
+        """The saved object's open pause in words ("paused since ... by ...: why"), or ""."""
+        return ""
+
     def _preview_url_name(self) -> str:
         opts = self.model._meta
         return f"{opts.app_label}_{opts.model_name}_upcoming_preview"
@@ -130,7 +142,7 @@ class UpcomingRunsAdmin(admin.ModelAdmin):
         if task is None:
             saved = "Fill in the schedule and press the button to see its next runs before saving."
         else:
-            saved = render(task, database_now(), "As saved:")
+            saved = render(task, database_now(), "As saved:", paused=self.paused(obj))
         context = {"saved": SafeString(saved), "url": reverse(f"admin:{self._preview_url_name()}")}
         return SafeString(render_to_string("admin/scheduling/upcoming_field.html", context))
 

@@ -8,12 +8,14 @@ day it runs at the transition instant, 03:00 CEST, with the offset change named.
 from __future__ import annotations
 
 import re
+from datetime import UTC
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 from django_celery_beat.models import CrontabSchedule
 
+from scheduling import ledger
 from tests.conftest import utc
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -72,6 +74,22 @@ def test_a_disabled_task_page_says_there_are_none(admin_client_, make_task):
     ).content.decode()
     assert _rows(page) == []
     assert '<p class="upcoming-none">None: the task is disabled.</p>' in page
+
+
+def test_a_paused_task_page_lists_no_upcoming_slot_until_resumed(admin_client_, make_task):
+    """Issue 33: a paused task runs no slot, so its page lists none, and says since, by, why."""
+    task = make_task(cron="30 2 * * *", timezone="Europe/Berlin", start_time=utc(2027, 3, 25))
+    pause = ledger.pause(task, by="alice", why="quarter close")
+    url = reverse("admin:django_celery_beat_periodictask_change", args=[task.pk])
+    page = admin_client_.get(url).content.decode()
+    since = f"{pause.paused_at.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+    assert _rows(page) == []
+    assert (
+        f'<p class="upcoming-none">None: the task is paused since {since} UTC by alice: '
+        "quarter close. Resuming plans the first slot after the resume.</p>"
+    ) in page
+    ledger.resume(task, by="bob")
+    assert _rows(admin_client_.get(url).content.decode()) == BERLIN_ROWS
 
 
 def test_the_add_page_offers_the_preview(admin_client_):

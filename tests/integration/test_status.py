@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import timedelta
+from datetime import UTC, timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
 from django_celery_beat.models import SolarSchedule
 
+from scheduling import ledger
 from scheduling.models import Run
 from tests.conftest import utc
+from tests.integration.conftest import GRACE
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,16 +54,16 @@ def seeded(make_task):
 
 
 EXPECTED = [
-    ("a: every 5 s", "every 5 seconds", "yes", "2026-01-05 10:00:10 UTC",
+    ("a: every 5 s", "every 5 seconds", "yes", "-", "2026-01-05 10:00:10 UTC",
      "2026-01-05 10:00:05 UTC", "succeeded", "0.013 s"),
-    ("b: weekly", "At 09:00, only on Monday (Europe/Berlin)", "yes", "-",
+    ("b: weekly", "At 09:00, only on Monday (Europe/Berlin)", "yes", "-", "-",
      "2026-01-05 10:00:00 UTC", "failed", "1.500 s"),
-    ("c: one-off", "once at 2026-01-05 10:00:00 UTC", "no", "-", "2026-01-05 10:00:00 UTC",
+    ("c: one-off", "once at 2026-01-05 10:00:00 UTC", "no", "-", "-", "2026-01-05 10:00:00 UTC",
      "missed", "-"),
-    ("d: never ran", "every minute, once", "yes", "-", "-", "-", "-"),
-    ("e: solar", "Sunrise at 51.5, -0.12", "yes", "-", "-", "-", "-"),
+    ("d: never ran", "every minute, once", "yes", "-", "-", "-", "-", "-"),
+    ("e: solar", "Sunrise at 51.5, -0.12", "yes", "-", "-", "-", "-", "-"),
 ]
-HEADER = ("Task", "Schedule", "Enabled", "Next run", "Last run", "Outcome", "Lateness")
+HEADER = ("Task", "Schedule", "Enabled", "Paused", "Next run", "Last run", "Outcome", "Lateness")
 
 
 def _status(*args: str) -> str:
@@ -81,6 +83,7 @@ def test_status_json(seeded):
         "name": "a: every 5 s",
         "schedule": "every 5 seconds",
         "enabled": True,
+        "paused": None,
         "next_run": "2026-01-05T10:00:10+00:00",
         "last_run": "2026-01-05T10:00:05+00:00",
         "last_status": "succeeded",
@@ -155,3 +158,40 @@ def test_status_piped_is_unwrapped_and_has_no_trailing_spaces(make_task):
     assert [line for line in lines if line != line.rstrip()] == []
     assert len({len(line) for line in lines[1:]}) == 1  # every table line as wide as the table
     assert sum(long_name in line for line in lines) == 1  # on one line: nothing wrapped
+
+
+def test_a_paused_task_shows_its_pause_and_no_upcoming_slot_until_resumed(make_task):
+    """Issue 33: paused since, by, why in every format; no slot listed as upcoming while paused,
+    its pending run not shown as the next run; after the resume, the slots again."""
+    task = make_task(every=60, name="a: minutely")
+    make_task(every=60, name="b: not paused")
+    ledger.reconcile(GRACE)  # plans each task's next slot
+    pause = ledger.pause(task, by="alice", why="quarter close")
+    since = pause.paused_at.astimezone(UTC)
+    assert Run.objects.pending().filter(periodic_task=task).exists()  # planned before the pause
+
+    lines = [line.split("\t") for line in _status("--format", "plain", "--upcoming", "2")
+             .splitlines()]
+    assert lines[0] == [*HEADER, "Upcoming"]
+    assert lines[1][:5] == [
+        "a: minutely", "every 60 seconds", "yes",
+        f"since {since:%Y-%m-%d %H:%M:%S} UTC by alice: quarter close", "-",
+    ]
+    assert lines[1][-1] == "none while paused"
+    assert lines[2][3] == "-" and lines[2][-1].count(" UTC") == 2  # two slots listed
+
+    rows = json.loads(_status("--format", "json", "--upcoming", "2"))
+    assert rows[0]["paused"] == {"since": since.isoformat(), "by": "alice", "why": "quarter close"}
+    assert (rows[0]["next_run"], rows[0]["upcoming"]) == (None, [])
+    assert rows[1]["paused"] is None and len(rows[1]["upcoming"]) == 2
+
+    table = _status("--upcoming", "2")
+    line = next(line for line in table.splitlines() if "a: minutely" in line)
+    assert "since" in line and "none while paused" in line
+
+    ledger.resume(task, by="bob")
+    rows = json.loads(_status("--format", "json", "--upcoming", "2"))
+    assert rows[0]["paused"] is None
+    assert len(rows[0]["upcoming"]) == 2
+    pending = Run.objects.pending().get(periodic_task=task)
+    assert rows[0]["next_run"] == pending.scheduled_for.isoformat()

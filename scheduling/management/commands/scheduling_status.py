@@ -12,20 +12,23 @@ from rich.table import Table
 
 from scheduling.overview import TaskStatus, format_time, task_statuses
 
-HEADERS = ("Task", "Schedule", "Enabled", "Next run", "Last run", "Outcome", "Lateness")
+HEADERS = ("Task", "Schedule", "Enabled", "Paused", "Next run", "Last run", "Outcome", "Lateness")
 UPCOMING_HEADER = "Upcoming"
 
 
 def cells(row: TaskStatus, upcoming: bool = False, separator: str = "\n") -> tuple[str, ...]:
     """The row's cells as text, in the order of HEADERS (then UPCOMING_HEADER if ``upcoming``).
 
-    The upcoming slots are ``UpcomingRun.describe()`` lines joined by ``separator``; "-" for
-    none, the schedule's error when it gives none.
+    "Paused" is "since <UTC time> by <who>: <why>" or "-". The upcoming slots are
+    ``UpcomingRun.describe()`` lines joined by ``separator``; "-" for none, the schedule's error
+    when it gives none, "none while paused" for a paused task.
     """
+    paused = row.paused.describe().removeprefix("paused ") if row.paused else "-"
     main = (
         row.name,
         row.schedule,
         "yes" if row.enabled else "no",
+        paused,
         format_time(row.next_run),
         format_time(row.last_run),
         row.last_status or "-",
@@ -33,14 +36,17 @@ def cells(row: TaskStatus, upcoming: bool = False, separator: str = "\n") -> tup
     )
     if not upcoming:
         return main
+    if row.paused:
+        return (*main, "none while paused")
     slots = separator.join(run.describe() for run in row.upcoming)
     return (*main, row.upcoming_error or slots or "-")
 
 
 class Command(BaseCommand):
     help = (
-        "Show every periodic task: its schedule in words, whether it is enabled, its next run "
-        "(the ledger's pending run), its last run's slot and outcome, and the lateness of its "
+        "Show every periodic task: its schedule in words, whether it is enabled, whether it is "
+        "paused (since when, by whom, why), its next run (the ledger's pending run; none while "
+        "paused), its last run's slot and outcome, and the lateness of its "
         "last dispatched scheduled run; with --upcoming N, its next N slots (UTC, and in the "
         "task's own time zone). Times are UTC. On a terminal the table fits its width; piped, "
         "rows are not wrapped and lines carry no trailing spaces."
@@ -77,7 +83,8 @@ class Command(BaseCommand):
         # "default" justification: the title is not padded to the table's width.
         table = Table(*headers, title=title, title_justify="default")
         for row in rows:
-            table.add_row(*cells(row, upcoming), style=None if row.enabled else "dim")
+            dim = not row.enabled or row.paused is not None
+            table.add_row(*cells(row, upcoming), style="dim" if dim else None)
         buffer = StringIO()
         if self.stdout.isatty():
             # Rich reads the terminal's width itself (the standard streams, then COLUMNS).
@@ -96,6 +103,7 @@ def _json(row: TaskStatus, upcoming: bool) -> dict[str, object]:
         "name": row.name,
         "schedule": row.schedule,
         "enabled": row.enabled,
+        "paused": row.paused.as_json() if row.paused else None,
         "next_run": row.next_run.isoformat() if row.next_run else None,
         "last_run": row.last_run.isoformat() if row.last_run else None,
         "last_status": row.last_status,
