@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import F, QuerySet
+from django.db.models import Count, F, QuerySet
 from django.http import HttpRequest, QueryDict
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
@@ -385,20 +385,28 @@ class PeriodicTaskAdmin(RecordsActorAdmin, preview.UpcomingRunsAdmin, BasePeriod
     def backfill_tasks(
         self, request: HttpRequest, queryset: QuerySet[PeriodicTask]
     ) -> TemplateResponse | None:
-        """Ask for a range (a form page), then create the backfill runs through the ledger."""
+        """Ask for a range (a form page), then create the backfill runs through the ledger.
+
+        The form page comes back, with what was entered, on every error: a bad or future range,
+        a task whose backfill failed (the others' runs are created and reported). When slots of
+        the range already succeeded, it says how many and asks once more before running them
+        again.
+        """
         form = BackfillForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
-            return self._action_page(
-                request, "backfill.html", "Backfill periodic tasks", form=form, queryset=queryset
-            )
+            return self._backfill_page(request, form, queryset)
         since, until = form.cleaned_data["since"], form.cleaned_data["until"]
+        succeeded = _succeeded_slots(queryset, since, until)
+        confirmed = request.POST.get("confirm") == _range_key(since, until)
+        if succeeded and not confirmed:  # asked again when the range changed
+            return self._backfill_page(request, form, queryset, succeeded=succeeded)
         who = request.user.get_username()
         for task in queryset:
             # The admin capitalises a message's first letter: the task's name comes after it.
             try:
                 total = ledger.backfill(task, since, until, requested_by=who)
             except SchedulingError as exc:
-                self.message_user(request, f"Backfill of {task.name!r}: {exc}", messages.ERROR)
+                form.add_error(None, f"Backfill of {task.name!r}: {exc}")
                 continue
             logger.info(
                 "backfill of %r %s..%s requested by %s in the admin: %d slots, %d new runs",
@@ -411,8 +419,19 @@ class PeriodicTaskAdmin(RecordsActorAdmin, preview.UpcomingRunsAdmin, BasePeriod
                 f"runs ({total.slots - total.created} already there).",
                 messages.SUCCESS,
             )
-        return None
+        return self._backfill_page(request, form, queryset) if form.errors else None
 
+    def _backfill_page(
+        self, request: HttpRequest, form: BackfillForm, queryset: QuerySet[PeriodicTask],
+        succeeded: dict[str, int] | None = None,
+    ) -> TemplateResponse:
+        return self._action_page(
+            request, "backfill.html", "Backfill periodic tasks", form=form, queryset=queryset,
+            succeeded=sorted((succeeded or {}).items()),
+            succeeded_total=sum((succeeded or {}).values()),
+            confirm=_range_key(form.cleaned_data["since"], form.cleaned_data["until"])
+            if succeeded else "",
+        )
 
     @admin.action(description="Pause selected tasks (with a reason)", permissions=["change"])
     def pause_tasks(
@@ -469,10 +488,42 @@ def _version_link(run: Run) -> str:
 
 
 class BackfillForm(forms.Form):
-    """The past range of a backfill, in UTC: [since, until)."""
+    """The past range of a backfill, in UTC: [since, until), until not after the database clock."""
 
     since = forms.DateTimeField(help_text="UTC, e.g. 2026-01-05 10:00:00")
     until = forms.DateTimeField(help_text="UTC, excluded; not in the future")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        since, until = data.get("since"), data.get("until")
+        if since is not None and until is not None and until <= since:
+            self.add_error("until", "until must be after since.")
+        elif until is not None and until > (now := database_now()):
+            self.add_error(
+                "until", f"until is in the future: the database clock is {_utc_ms(now)} UTC."
+            )
+        return data
+
+
+def _range_key(since: datetime, until: datetime) -> str:
+    """The range a confirmation of a backfill over succeeded slots was given for."""
+    return f"{since.isoformat()}/{until.isoformat()}"
+
+
+def _succeeded_slots(
+    tasks: QuerySet[PeriodicTask], since: datetime, until: datetime
+) -> dict[str, int]:
+    """Per task name, the slots in [since, until) that already have a succeeded run (any
+    trigger): a backfill runs them again. Tasks with none are left out. One query."""
+    counts = (
+        Run.objects.filter(
+            periodic_task__in=tasks, status=Run.Status.SUCCEEDED,
+            scheduled_for__gte=since, scheduled_for__lt=until,
+        )
+        .values("periodic_task__name")
+        .annotate(slots=Count("scheduled_for", distinct=True))
+    )
+    return {row["periodic_task__name"]: row["slots"] for row in counts}
 
 
 #: A replica's state as a badge: (background, text colour).
@@ -550,8 +601,11 @@ class HealthWindowForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         since, until = data.get("since"), data.get("until")
-        if (since is None) != (until is None):
-            raise forms.ValidationError("A custom range needs both since and until.")
+        given = [name for name in ("since", "until") if str(self.data.get(name, "")).strip()]
+        if len(given) == 1:  # a value given but not valid has its own field error
+            raise forms.ValidationError(
+                f"A custom range needs both since and until: {given[0]} was given alone."
+            )
         if since is not None and until is not None and until <= since:
             raise forms.ValidationError("until must be after since.")
         return data

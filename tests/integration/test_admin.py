@@ -133,3 +133,81 @@ def test_backfill_action_needs_the_change_permission(client, make_task):
         client, task, since="2026-01-05 10:00:00", until="2026-01-05 10:05:00", apply="1"
     )
     assert Run.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("range_", "error"),
+    [
+        ({"since": "2026-01-05 10:05:00", "until": "2026-01-05 10:00:00"},
+         "until must be after since."),
+        ({"since": "2026-01-05 10:00:00", "until": "2999-01-01 00:00:00"},
+         "until is in the future: the database clock is "),
+        ({"since": "not a date", "until": "2026-01-05 10:00:00"}, "Enter a valid date/time."),
+    ],
+)
+def test_backfill_keeps_the_form_on_a_bad_range(admin_client_, make_task, range_, error):
+    """Issue 33: the form comes back with what was entered and the error; nothing is created."""
+    task = make_task(every=60, name="minutely")
+    page = _backfill_action(admin_client_, task, apply="1", **range_).content.decode()
+    assert error in page
+    assert f'value="{range_["since"]}"' in page and f'value="{range_["until"]}"' in page
+    assert 'name="apply" value="Create backfill runs"' in page
+    assert Run.objects.count() == 0
+
+
+def test_backfill_over_succeeded_slots_warns_with_the_count_then_runs_on_confirm(
+    admin_client_, make_task
+):
+    from tests.conftest import utc
+
+    task = make_task(every=60, start_time=utc(2026, 1, 5, 10, 0), name="minutely")
+    for minute, status in ((0, Run.Status.SUCCEEDED), (1, Run.Status.SUCCEEDED),
+                           (2, Run.Status.FAILED)):
+        slot = utc(2026, 1, 5, 10, minute)
+        Run.objects.create(
+            periodic_task=task, periodic_task_name=task.name, task=task.task,
+            scheduled_for=slot, status=status, task_id=f"t-{minute}",
+        )
+    range_ = {"since": "2026-01-05 10:00:00", "until": "2026-01-05 10:05:00", "apply": "1"}
+    warned = _backfill_action(admin_client_, task, **range_).content.decode()
+    assert "2 slots of this range already succeeded: a backfill runs them again." in warned
+    assert "<li>minutely: 2 slots</li>" in warned
+    assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 0
+
+    # A confirmation given for another range does not count.
+    stale = {**range_, "confirm": "2026-01-05T09:00:00+00:00/2026-01-05T10:05:00+00:00"}
+    assert "already succeeded" in _backfill_action(admin_client_, task, **stale).content.decode()
+    assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 0
+
+    confirm = "2026-01-05T10:00:00+00:00/2026-01-05T10:05:00+00:00"
+    assert f'name="confirm" value="{confirm}"' in warned
+    done = _backfill_action(admin_client_, task, confirm=confirm, **range_).content.decode()
+    assert "5 slots, 5 new backfill runs (0 already there)." in done
+    assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 5
+
+
+def test_backfill_keeps_the_form_when_a_task_fails_and_backfills_the_others(
+    admin_client_, make_task
+):
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from tests.conftest import utc
+
+    good = make_task(every=60, start_time=utc(2026, 1, 5, 10, 0), name="good")
+    broken = make_task(every=120, start_time=utc(2026, 1, 5, 10, 0), name="broken")
+    IntervalSchedule.objects.filter(pk=broken.interval_id).update(every=0)  # as raw SQL would
+    data = {
+        "action": "backfill_tasks", "_selected_action": [good.pk, broken.pk], "apply": "1",
+        "since": "2026-01-05 10:00:00", "until": "2026-01-05 10:05:00",
+    }
+    page = admin_client_.post(
+        reverse("admin:django_celery_beat_periodictask_changelist"), data, follow=True
+    ).content.decode()
+    assert "Backfill of &#x27;broken&#x27;: " in page  # the error, on the form page
+    assert 'name="apply" value="Create backfill runs"' in page
+    assert 'value="2026-01-05 10:00:00"' in page
+    assert "Backfill of &#x27;good&#x27;: 5 slots, 5 new backfill runs" in page
+    assert sorted(
+        Run.objects.filter(trigger=Run.Trigger.BACKFILL).values_list("periodic_task", flat=True)
+    ) == [good.pk] * 5
+    assert PeriodicTask.objects.filter(pk=broken.pk).exists()
