@@ -16,7 +16,7 @@ from cron_descriptor import (
     Options,
     WrongArgumentException,
 )
-from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Subquery
+from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, QuerySet, Subquery
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from scheduling.clock import database_now
@@ -69,10 +69,14 @@ class TaskStatus:
     paused: Paused | None = None
 
 
-def task_statuses(upcoming: int = 0) -> list[TaskStatus]:
-    """Return every periodic task's status, by name, with its next ``upcoming`` slots (>= 0).
+def with_status(tasks: QuerySet[PeriodicTask]) -> QuerySet[PeriodicTask]:
+    """``tasks`` with their schedule rows joined and what a status row shows annotated.
 
-    One query for every task (the runs and the open pause as subqueries).
+    ``next_run`` (the earliest pending run's slot), ``last_status`` and ``last_run`` (the newest
+    run by slot that is neither pending nor cancelled), ``lateness`` (a timedelta: dispatched_at
+    - due_at of the newest dispatched scheduled run) and ``paused_at``, ``paused_by``,
+    ``paused_why`` (the open pause; NULL when not paused): subqueries, so a page of tasks is one
+    query whatever its length.
     """
     pause = Pause.objects.open().filter(periodic_task=OuterRef("pk")).order_by()
     runs = Run.objects.filter(periodic_task=OuterRef("pk"))
@@ -90,26 +94,34 @@ def task_statuses(upcoming: int = 0) -> list[TaskStatus]:
             )
         )
     )
-    tasks = (
-        PeriodicTask.objects.select_related("interval", "crontab", "clocked", "solar")
-        .annotate(
-            next_run=Subquery(pending.values("scheduled_for")[:1]),
-            last_status=Subquery(last.values("status")[:1]),
-            last_run=Subquery(last.values("scheduled_for")[:1]),
-            lateness=Subquery(dispatched.values("late")[:1]),
-            paused_at=Subquery(pause.values("paused_at")[:1]),
-            paused_by=Subquery(pause.values("paused_by")[:1]),
-            paused_why=Subquery(pause.values("why")[:1]),
-        )
-        .order_by("name")
+    return tasks.select_related("interval", "crontab", "clocked", "solar").annotate(
+        next_run=Subquery(pending.values("scheduled_for")[:1]),
+        last_status=Subquery(last.values("status")[:1]),
+        last_run=Subquery(last.values("scheduled_for")[:1]),
+        lateness=Subquery(dispatched.values("late")[:1]),
+        paused_at=Subquery(pause.values("paused_at")[:1]),
+        paused_by=Subquery(pause.values("paused_by")[:1]),
+        paused_why=Subquery(pause.values("why")[:1]),
     )
+
+
+def paused_of(task: PeriodicTask) -> Paused | None:
+    """The open pause of a task annotated by ``with_status``, or None."""
+    if task.paused_at is None:
+        return None
+    return Paused(task.paused_at, task.paused_by, task.paused_why)
+
+
+def task_statuses(upcoming: int = 0) -> list[TaskStatus]:
+    """Return every periodic task's status, by name, with its next ``upcoming`` slots (>= 0).
+
+    One query for every task (``with_status``).
+    """
+    tasks = with_status(PeriodicTask.objects.all()).order_by("name")
     now = database_now()
     statuses = []
     for task in tasks:
-        paused = (
-            None if task.paused_at is None
-            else Paused(task.paused_at, task.paused_by, task.paused_why)
-        )
+        paused = paused_of(task)
         statuses.append(TaskStatus(
             name=task.name,
             schedule=describe_schedule(task),

@@ -258,6 +258,22 @@ def test_runs_list_and_task_page_fit_with_status_badges(page):
     assert last["x"] + last["width"] <= VIEWPORT["width"]
 
     page.goto(f"{page.base}/admin/django_celery_beat/periodictask/")
+    page.wait_for_selector("#result_list")
+    _fits(page, "task_list")  # issue 33: name, schedule, state, next run, last outcome, runs
+    headers = page.locator("#result_list thead th").all_text_contents()
+    assert [h.strip().lower() for h in headers][1:] == [
+        "name", "schedule", "state", "next run (utc)", "last outcome (utc)", "runs",
+    ]
+    row = page.locator("#result_list tr", has=page.get_by_role("link", name=PROBE, exact=True))
+    assert row.locator("td.field-display_state").inner_text() == "enabled"
+    assert row.locator("td.field-display_last_outcome .run-badge").count() == 1
+    runs = row.locator("td.field-display_runs a").get_attribute("href")
+    assert runs.startswith("/admin/scheduling/run/?periodic_task__id__exact=")
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.screenshot(path=str(ARTIFACTS / "task_list_1440x900.png"))
+    width = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert width[0] <= width[1]
+    page.set_viewport_size(VIEWPORT)
     page.get_by_role("link", name=PROBE, exact=True).click()
     page.wait_for_selector("table.recent-runs")
     _fits(page, "task_page")

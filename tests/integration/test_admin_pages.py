@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
+from tests.integration.conftest import GRACE
 from tests.pages_seed import (
     HOURLY,
     MINUTELY,
@@ -237,3 +238,49 @@ def test_health_pages_keep_their_window(staff):
         HEALTH, {"since": "2026-01-05 10:00", "until": "2026-01-06 10:00"}
     ).content.decode()
     assert '<a href="?since=2026-01-05+10%3A00&amp;until=2026-01-06+10%3A00&amp;p=2">' in custom
+
+
+TASK_LIST = reverse("admin:django_celery_beat_periodictask_changelist")
+
+
+def _task_list_queries(staff) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        assert staff.get(TASK_LIST).status_code == 200
+    return len(captured.captured_queries)
+
+
+def test_the_task_list_shows_state_next_run_and_last_outcome_in_one_query(staff, make_task):
+    """Issue 33: the status columns are subqueries of the page's query: as many queries for a
+    page of 30 tasks (runs, pauses, every schedule kind) as for one task."""
+    from scheduling import ledger
+    from scheduling.models import Run
+    from tests.conftest import utc
+
+    first = make_task(every=60, name="a: first", start_time=utc(2100, 1, 1))
+    ledger.reconcile(GRACE)
+    alone = _task_list_queries(staff)
+    for n in range(29):
+        kind = ({"every": 60 + n}, {"cron": f"{n} * * * *"}, {"clocked": utc(2100, 1, 1, 0, n)})
+        task = make_task(name=f"b: task {n:02d}", **kind[n % 3])
+        Run.objects.create(
+            periodic_task=task, periodic_task_name=task.name, task=task.task,
+            scheduled_for=utc(2026, 1, 5, 10, n), status=Run.Status.SUCCEEDED, task_id=f"q-{n}",
+        )
+        if n % 4 == 0:
+            ledger.pause(task, by="alice", why=f"reason {n}")
+    ledger.reconcile(GRACE)
+    assert _task_list_queries(staff) == alone
+
+    html = staff.get(TASK_LIST).content.decode()
+    row = html.split(">a: first</a>", 1)[1].split("</tr>", 1)[0]
+    pending = Run.objects.pending().get(periodic_task=first).scheduled_for
+    assert f'<td class="field-display_next_run">{pending:%Y-%m-%d %H:%M:%S}</td>' in row
+    assert '<span class="task-state task-enabled">enabled</span>' in row
+    paused = html.split(">b: task 00</a>", 1)[1].split("</tr>", 1)[0]
+    assert 'class="task-state task-paused" title="paused since ' in paused
+    assert "by alice: reason 0" in paused
+    assert '<td class="field-display_next_run">-</td>' in paused
+    assert "succeeded</span> <span class=\"quiet\">2026-01-05 10:00:00</span>" in paused
