@@ -774,6 +774,9 @@ class TaskHistoryAdmin(ReadOnlyAdmin):
     Written by database triggers, whoever made the change (admin, ORM, raw SQL); read only.
     """
 
+    class Media:
+        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": (ADMIN_CSS,)}
+
     list_display = (
         "periodic_task_name", "version", "display_changed_at", "display_who", "kind",
         "object_id", "operation", "display_changes",

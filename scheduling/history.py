@@ -105,7 +105,8 @@ def render_history(task_id: int, using: str = "default") -> SafeString:
             '<p><a href="{}?periodic_task_id={}">All versions</a></p>', url, task_id
         )
     return format_html(
-        "<table><thead><tr><th>version</th><th>changed at (UTC)</th><th>by</th><th>what</th>"
+        '<table class="task-history"><thead><tr><th>version</th><th>changed at (UTC)</th>'
+        "<th>by</th><th>what</th>"
         "<th>before → after</th></tr></thead><tbody>{}</tbody></table>{}",
         rows, more,
     )

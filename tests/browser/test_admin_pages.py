@@ -97,6 +97,12 @@ def _fits(page, name: str) -> None:
     assert page.locator("#main.shifted").count() == 1  # the sidebar is open, not collapsed
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}_1280x800.png"))  # what the window shows
+    _no_sideways(page, name)
+
+
+def _no_sideways(page, name: str) -> None:
+    """No horizontal scroll: of the page, of any box in it (the changelist scrolls its results
+    box), and no content past the window's right edge."""
     widths = page.evaluate(
         "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
     )
@@ -305,3 +311,38 @@ def test_replicas_page(page):
     stale = re.fullmatch(r"stale: no tick for (\d+) s", shown[1][2])
     assert stale and 600 <= int(stale[1]) < 780  # seeded 600 s ago, stale while under 180 s
     assert shown[2][2].startswith("stopped 20")
+
+
+@pytest.fixture
+def edited(seeded) -> str:
+    """A task edited with long values (kwargs, description, queue): its history's widest rows."""
+    from django_celery_beat.models import PeriodicTask
+
+    task = PeriodicTask.objects.get(name=PROBE)
+    task.kwargs = '{"recipients": [' + ", ".join(f'"user{n}@example.com"' for n in range(40)) + "]}"
+    task.description = "A description long enough to need several lines. " * 8
+    task.queue = "a-queue-name-without-any-space-" * 4
+    task.save()
+    return task.name
+
+
+@pytest.mark.parametrize("viewport", [VIEWPORT, {"width": 1440, "height": 900}])
+def test_edit_history_wraps_long_changes(edited, page, viewport):
+    """Issue 33: the before -> after column wraps; nothing clipped or scrolled at 1,280 or 1,440."""
+    page.set_viewport_size(viewport)
+    size = f"{viewport['width']}x{viewport['height']}"
+    page.goto(f"{page.base}/admin/scheduling/taskhistory/")
+    page.wait_for_selector("#result_list")
+    page.screenshot(path=str(ARTIFACTS / f"edit_history_{size}.png"), full_page=True)
+    _no_sideways(page, f"edit history at {size}")
+    changes = page.locator("#result_list td.field-display_changes").first
+    assert "user39@example.com" in changes.inner_text()
+    box = changes.bounding_box()
+    assert box["x"] + box["width"] <= viewport["width"]
+
+    page.goto(f"{page.base}/admin/django_celery_beat/periodictask/")
+    page.get_by_role("link", name=edited, exact=True).click()
+    page.wait_for_selector("#history-v2")
+    page.screenshot(path=str(ARTIFACTS / f"task_page_history_{size}.png"), full_page=True)
+    _no_sideways(page, f"task page at {size}")
+
