@@ -450,6 +450,14 @@ class Run(models.Model):
         "recovers).",
     )
     republished_at = models.DateTimeField(null=True, blank=True)
+    events = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="What happened to the run after its dispatch, in order: each re-publish and "
+        "each Celery retry, as [{\"at\": ISO time (database clock, UTC), \"kind\": "
+        "\"republished\" | \"recovered\" | \"retry\", \"detail\": text}]; empty for a run "
+        "that had none.",
+    )
     overdue_at = models.DateTimeField(
         null=True,
         blank=True,

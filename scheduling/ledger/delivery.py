@@ -141,6 +141,7 @@ def redeliver(
                 names = ", ".join(run.task_id for run in sent)
                 raise PublishFailed(f"cannot re-publish runs {names}: {exc}") from exc
         update_runs([runs[pk] for pk in taken], _FIELDS, using)
+        _append_events(sent, now, using)
     done.deferred = len(ids) - len(taken)
     for run in (runs[pk] for pk in taken):
         done.names[run.task_id] = run.periodic_task_name
@@ -148,6 +149,18 @@ def redeliver(
             done.reasons[run.task_id] = run.reason
     _log(done, runs, republisher.replica_id)
     return done
+
+
+def _append_events(sent: list[Run], now: datetime, using: str) -> None:
+    """Append a ``republished`` or ``recovered`` event (its reason) to each run ``sent``."""
+    if not sent:
+        return
+    kinds = ["recovered" if run.reason == Run.Reason.RECOVERED else "republished" for run in sent]
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            queries["append_run_events"],
+            [now, [run.pk for run in sent], kinds, [run.reason for run in sent]],
+        )
 
 
 def _lock_due(recover: list[tuple[int, int]], batch_size: int, using: str) -> list[int]:

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Case, F, IntegerField, OuterRef, Subquery, TextField, Value, When
 from django_celery_beat.models import PeriodicTask
 
@@ -24,6 +24,7 @@ from scheduling.ledger.changes import note_unplanned
 from scheduling.ledger.planning import TASK_RELATED
 from scheduling.ledger.writes import ERROR_LIMIT, TaskUpdate, insert_pending, update_tasks
 from scheduling.models import Run, TaskPolicy
+from scheduling.sql import queries
 
 logger = logging.getLogger(__name__)
 
@@ -320,12 +321,16 @@ def record_retry(
     """Mark the run retrying (a Celery retry of the same run is on its way).
 
     ``retries`` is the retrying attempt's ``request.retries``: when the next attempt already
-    started (its message can overtake this signal), the run is left running.
+    started (its message can overtake this signal), the run is left running. A retry event is
+    appended to the run's ``events`` (its page's timeline shows each retry).
     """
-    runs = Run.objects.using(using).filter(task_id=task_id, status=Run.Status.RUNNING)
-    if retries is not None:
-        runs = runs.filter(retries=retries)
-    return bool(runs.update(status=Run.Status.RETRYING, error=error[:ERROR_LIMIT]))
+    error = error[:ERROR_LIMIT]
+    attempt = f"attempt {retries}" if retries is not None else "an attempt"
+    detail = f"{attempt} failed and is retried: {error}" if error else f"{attempt} is retried"
+    params = {"error": error, "detail": detail, "task_id": task_id, "retries": retries}
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries["record_retry"], params)
+        return cursor.fetchone() is not None
 
 
 def record_not_executed(task_id: str, status: str, reason: str, error: str = "",

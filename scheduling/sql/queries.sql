@@ -162,6 +162,29 @@ FROM {run} r JOIN unnest(%s::bigint[], %s::integer[]) AS v(id, executions) ON r.
 WHERE r.status = 'running' AND r.executions = v.executions AND {fragment_lock_free}
 FOR UPDATE OF r SKIP LOCKED
 
+-- append_run_events --
+-- A re-publish pass's events, one per run (ids, kinds, details): appended to each run's events
+-- at the pass's database clock (%s), in the pass's transaction.
+UPDATE {run} r
+SET events = coalesce(r.events, '[]'::jsonb)
+    || jsonb_build_array(jsonb_build_object('at', %s::timestamptz, 'kind', e.kind,
+                                            'detail', e.detail))
+FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS e(id, kind, detail)
+WHERE r.id = e.id
+
+-- record_retry --
+-- A running run's attempt is being retried by Celery: retrying, its error, and a retry event
+-- (its detail names the attempt). Params: error, detail, task id, retries (the retrying
+-- attempt's request.retries; NULL: any attempt). Returns the run's id when one was running.
+UPDATE {run}
+SET status = 'retrying', error = %(error)s,
+    events = coalesce(events, '[]'::jsonb)
+        || jsonb_build_array(jsonb_build_object('at', clock_timestamp(), 'kind', 'retry',
+                                                'detail', %(detail)s))
+WHERE task_id = %(task_id)s AND status = 'running'
+  AND (%(retries)s::integer IS NULL OR retries = %(retries)s::integer)
+RETURNING id
+
 -- try_execution_lock --
 -- The guard takes the execution lock of one attempt (task id, retries) on its own session.
 SELECT pg_try_advisory_lock(scheduling_execution_lock_key(%s, %s))

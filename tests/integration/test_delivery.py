@@ -8,7 +8,7 @@ times, then closes the run "not delivered". The publisher here records what was 
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -62,6 +62,13 @@ def test_a_run_not_started_within_the_deadline_is_republished_once_per_deadline(
     ledger.redeliver(ledger.Republisher(recorder))
     assert state(dispatched)[2] == 2
     assert recorder.task_ids == [dispatched.task_id] * 2
+    # Each re-publish is an event of the run, at its pass's database clock (the run's page).
+    events = dispatched.events
+    assert [(e["kind"], e["detail"]) for e in events] == [
+        ("republished", "re-published (1 of 3): no worker started it within 300 s"),
+        ("republished", "re-published (2 of 3): no worker started it within 300 s"),
+    ]
+    assert datetime.fromisoformat(events[1]["at"]) == dispatched.republished_at
 
 
 def test_past_the_republish_limit_the_run_is_closed_not_delivered(dispatched, recorder, settings):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from types import SimpleNamespace
 
 import psycopg
@@ -115,6 +116,12 @@ def test_celery_retries_execute_and_stale_attempts_do_not(dispatched):
     assert ledger.record_finished(dispatched.task_id, Run.Status.FAILED, "x", retries=1) is False
     assert ledger.record_finished(dispatched.task_id, Run.Status.SUCCEEDED, retries=2) is True
     assert counters(dispatched) == (Run.Status.SUCCEEDED, 2, 3, 1)
+    events = Run.objects.get(pk=dispatched.pk).events  # the one retry recorded, not the stale one
+    assert [(e["kind"], e["detail"]) for e in events] == [
+        ("retry", "attempt 0 failed and is retried: Retry in 0s")
+    ]
+    at = datetime.fromisoformat(events[0]["at"])
+    assert Run.objects.get(pk=dispatched.pk).dispatched_at < at < ledger.database_now()
 
 
 def test_a_run_whose_claim_rolled_back_is_adopted_by_its_first_delivery(make_task):
