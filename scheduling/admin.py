@@ -11,6 +11,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, F, QuerySet
 from django.http import HttpRequest, QueryDict
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
 from django.urls import URLPattern, path, reverse
@@ -32,7 +33,17 @@ from django_celery_beat.models import (
     SolarSchedule,
 )
 
-from scheduling import health, history, ledger, preview, replicas, slots, timeline, windows
+from scheduling import (
+    health,
+    history,
+    ledger,
+    preview,
+    replicas,
+    run_story,
+    slots,
+    timeline,
+    windows,
+)
 from scheduling.clock import database_now
 from scheduling.conf import conf
 from scheduling.exceptions import PauseRejected, RunRejected, ScheduleError, SchedulingError
@@ -134,7 +145,26 @@ class RunAdmin(ReadOnlyAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         names = [field.name for field in Run._meta.fields]
         names[names.index("definition_version")] = "display_definition_version"
-        return names + ["display_scheduled_for", "display_lateness", "display_runtime"]
+        return ["display_story", *names]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The story (timeline and figures) first, then every column of the row as stored."""
+        raw = self.get_readonly_fields(request, obj)[1:]
+        return [("Story", {"fields": ["display_story"]}), ("Raw fields", {"fields": raw})]
+
+    @admin.display(description="timeline")
+    def display_story(self, run: Run) -> str:
+        """What happened to the run, in order, to the millisecond (``run_story``)."""
+        told = run_story.story(run)
+        rows = [
+            {"what": m.what, "utc": m.utc(), "local": m.local(told.zone), "detail": m.detail}
+            for m in told.moments
+        ]
+        return render_to_string("admin/scheduling/run_story.html", {
+            "run": run, "story": told, "rows": rows, "zone": str(told.zone),
+            "badge": status_badge(run.status), "lateness": _seconds(told.lateness),
+            "runtime": _seconds(told.runtime),
+        })
 
     @admin.display(description="definition version")
     def display_definition_version(self, run: Run) -> str:

@@ -346,3 +346,21 @@ def test_edit_history_wraps_long_changes(edited, page, viewport):
     page.screenshot(path=str(ARTIFACTS / f"task_page_history_{size}.png"), full_page=True)
     _no_sideways(page, f"task page at {size}")
 
+
+
+@pytest.mark.parametrize("viewport", [VIEWPORT, {"width": 1440, "height": 900}])
+def test_a_run_page_tells_its_story_first(page, viewport):
+    """Issue 33: a run's page starts with its figures and timeline, to the millisecond."""
+    page.set_viewport_size(viewport)
+    size = f"{viewport['width']}x{viewport['height']}"
+    page.goto(f"{page.base}/admin/scheduling/run/?status__exact=failed")
+    page.locator("#result_list tbody tr th a").first.click()
+    page.wait_for_selector("table.run-timeline")
+    page.screenshot(path=str(ARTIFACTS / f"run_page_{size}.png"), full_page=True)
+    _no_sideways(page, f"run page at {size}")
+    times = page.locator("table.run-timeline td.time").all_inner_texts()
+    assert times and all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}( \w+)?", t)
+                         for t in times)
+    story = page.locator("fieldset", has=page.locator("table.run-timeline")).bounding_box()
+    raw = page.locator("fieldset", has_text="Raw fields").bounding_box()
+    assert story["y"] < raw["y"]
