@@ -366,7 +366,9 @@ def _dispatch_one(
     over = scheduled and task.one_off
     if over:
         item.misfire = one_off_misfire(task, run.scheduled_for, now, grace, run.due_at)
-        if item.misfire is not None:
+        if item.misfire is not None and item.misfire.dispatches:
+            run.reason = item.misfire.reason
+        elif item.misfire is not None:
             close(run, Run.Status.MISSED, item.misfire.reason, now)
             return None, True
     if scheduled and not task.one_off:

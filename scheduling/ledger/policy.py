@@ -144,23 +144,26 @@ def one_off_misfire(
     default_grace: timedelta,
     due: datetime | None = None,
 ) -> MisfireDecision | None:
-    """Decide whether a one-off's single late run is recorded missed; None: dispatch it.
+    """Decide what a one-off's misfire policy does with its single run; None when on time.
 
-    Policies skip, and catch_up with ``catch_up_limit`` 0, drop a run later than its grace
-    (lateness from ``due``, the jittered due moment, else ``slot``); coalesce and catch_up
-    dispatch it (it stands for one slot).
+    A one-off's run is late when its lateness, ``now - due`` (``due``: the jittered due moment,
+    else ``slot``), exceeds its grace (``task_grace``). Policies skip, and catch_up with
+    ``catch_up_limit`` 0, record it missed (MISSED); coalesce (also without a policy row) and
+    catch_up dispatch it, standing for its one slot, with the lateness as its reason
+    (CAUGHT_UP), so a clocked one-off found past due says why it ran late. The schedule is over
+    either way: ``next_slot`` is None.
     """
     policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
-    if policy is None or policy.misfire_policy == TaskPolicy.Misfire.COALESCE:
-        return None
-    if policy.misfire_policy == TaskPolicy.Misfire.CATCH_UP and policy.catch_up_limit > 0:
-        return None
     grace = task_grace(task, default_grace)
     lateness = now - (due or slot)
     if lateness <= grace:
         return None
-    reason = Run.Reason.missed(policy.misfire_policy, lateness, grace)
-    return MisfireDecision(MisfireDecision.MISSED, reason, None)
+    kind = TaskPolicy.Misfire.COALESCE if policy is None else policy.misfire_policy
+    if kind == TaskPolicy.Misfire.COALESCE or (
+        kind == TaskPolicy.Misfire.CATCH_UP and policy is not None and policy.catch_up_limit > 0
+    ):
+        return MisfireDecision(MisfireDecision.CAUGHT_UP, Run.Reason.caught_up(lateness), None)
+    return MisfireDecision(MisfireDecision.MISSED, Run.Reason.missed(kind, lateness, grace), None)
 
 
 def overlap(

@@ -167,15 +167,20 @@ def test_planning_uses_the_task_grace_for_the_oldest_slot_it_plans(make_task):
     ],
 )
 def test_a_late_clocked_one_off_follows_its_misfire_policy(make_task, recorder, policy, status):
-    task = make_task(clocked=ledger.database_now() - timedelta(seconds=30))
+    task = make_task(clocked=ledger.database_now() - timedelta(seconds=90))  # past GRACE
     if policy is not None:
         TaskPolicy.objects.create(
             periodic_task=task, misfire_policy=policy, misfire_grace_seconds=5
         )
     ledger.reconcile(GRACE)
     _claim_all(recorder)
-    assert list(Run.objects.filter(periodic_task=task).values_list("status", flat=True)) == [status]
+    [(found, reason)] = Run.objects.filter(periodic_task=task).values_list("status", "reason")
+    assert found == status
     assert len(recorder.messages) == (status == Run.Status.DISPATCHED)
+    # about 90 s late, whether it ran or not: the row says so (the grace is 5 s or GRACE)
+    word = "caught up" if status == Run.Status.DISPATCHED else f"{policy} policy,"
+    assert re.fullmatch(rf"misfire: {word} (\d+)\.\d{{3}} s late.*", reason), reason
+    assert 90 <= int(re.match(r"\D*(\d+)", reason)[1]) < 150
     task.refresh_from_db()
     assert task.enabled is False
 

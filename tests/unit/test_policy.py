@@ -99,14 +99,18 @@ def test_the_task_grace_overrides_the_default():
 )
 def test_a_late_one_off_is_missed_only_under_a_policy_that_drops_late_runs(misfire, limit, missed):
     task = _every_10s(misfire, limit=limit)
-    decision = policy.one_off_misfire(task, S0, _s(6), GRACE)
-    if not missed:
-        assert decision is None
+    five = timedelta(seconds=5)  # the default grace, for the task without a policy row
+    decision = policy.one_off_misfire(task, S0, _s(6), five)
+    assert policy.one_off_misfire(task, S0, _s(5), five) is None  # inside its grace
+    if not missed:  # dispatched, saying how late: a clocked one-off found past due
+        assert decision == MisfireDecision(
+            MisfireDecision.CAUGHT_UP, "misfire: caught up 6.000 s late", None
+        )
+        assert decision.dispatches and decision.misfired_slots == 1
         return
     assert decision == MisfireDecision(
         MisfireDecision.MISSED, f"misfire: {misfire} policy, 6.000 s late (grace 5 s)", None
     )
-    assert policy.one_off_misfire(task, S0, _s(5), GRACE) is None  # inside its grace
 
 
 def _overlap(task, trigger=Run.Trigger.SCHEDULE, *, in_batch=False, since=None, now=_s(100)):
