@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import ledger, slots
@@ -56,12 +56,53 @@ def claim(publish, replica_id: str = "test:1", batch_size: int = 100):
 
 
 def make_due(task) -> Run:
-    """Plan the task's scheduled run (reconcile) and move it to 'due now' on the database clock."""
+    """Plan the task's scheduled run (reconcile) and make it due now, on the task's slot grid.
+
+    An interval task's grid moves back with its run: the run's slot and the grid's anchor
+    (``start_time``, else ``date_changed``) move by the same amount, so the run stays a slot
+    of its task and the next slot is one interval after it. A clocked run moves with its
+    clocked time. Any other schedule's run becomes its latest slot at or before now (a cron's
+    previous minute, say). The schedule-change triggers are off for that one UPDATE (this
+    session only, ``session_replication_role``): it moves time, it is no edit to record.
+    """
     ledger.reconcile(GRACE)
     run = Run.objects.pending().get(periodic_task=task)
     now = ledger.database_now()
-    Run.objects.filter(pk=run.pk).update(scheduled_for=now, task_id=slots.task_id_for(task.pk, now))
-    return Run.objects.get(pk=run.pk)
+    if task.interval_id is not None or task.clocked_id is not None:
+        slot = now
+    else:
+        slot = _latest_slot_at_or_before(task, now)
+    shift = slot - run.scheduled_for
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute(
+            "UPDATE django_celery_beat_periodictask SET start_time = start_time + %s,"
+            " date_changed = date_changed + %s WHERE id = %s AND interval_id IS NOT NULL",
+            [shift, shift, task.pk],
+        )
+        cursor.execute(
+            "UPDATE django_celery_beat_clockedschedule SET clocked_time = clocked_time + %s"
+            " WHERE id = %s",
+            [shift, task.clocked_id],
+        )
+        cursor.execute(
+            "UPDATE scheduling_run SET scheduled_for = %s, due_at = due_at + %s, task_id = %s"
+            " WHERE id = %s",
+            [slot, shift, slots.task_id_for(task.pk, slot), run.pk],
+        )
+    task.refresh_from_db()
+    moved = Run.objects.get(pk=run.pk)
+    assert slots.next_run(task, moved.scheduled_for - timedelta(microseconds=1)) == slot
+    return moved
+
+
+def _latest_slot_at_or_before(task: PeriodicTask, now: datetime) -> datetime:
+    """The task's latest slot at or before ``now``, looking back at most one day."""
+    latest, following = None, slots.next_run(task, now - timedelta(days=1))
+    while following is not None and following <= now:
+        latest, following = following, slots.next_run(task, following)
+    assert latest is not None, f"{task.name!r} has no slot in the day before {now}"
+    return latest
 
 
 @contextmanager
