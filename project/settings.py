@@ -143,7 +143,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("CELERY_WORKER_PREFETCH_MULTIPLIER", "1"))
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# The worker-side duplicate guard on every task: at most one execution per run (README).
+# The worker-side duplicate guard on every task: at most one execution per run (docs/guard.md).
 CELERY_TASK_ANNOTATIONS = ["scheduling.guard:GuardAnnotation"]
 if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     # How long Redis waits for an unacknowledged message before redelivering it (seconds); the

@@ -35,8 +35,8 @@ serves them all, summed: the workers' pool processes included.
 
 A beat replica records its metrics only when one of the two is set (``recording``): otherwise
 nothing can read them, and recording is not free. The guard's counter is always recorded: it
-counts rare events, and a worker may serve its pool processes' metrics its own way (README,
-"Metrics"). A labelled series is built the first time its task is
+counts rare events, and a worker may serve its pool processes' metrics its own way
+(docs/operating.md, "Metrics"). A labelled series is built the first time its task is
 seen, a histogram's with all its buckets: in a replica's first pass over 10,000 tasks that was a
 tenth of its CPU (issue 17's burst profile), and each series stays in memory for good.
 """

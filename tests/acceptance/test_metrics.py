@@ -1,8 +1,8 @@
 """Issue 7, acceptance 2: a real replica's metrics endpoint agrees with the ledger.
 
 One beat replica serves ``SCHEDULING_METRICS_PORT``; it and a worker share a
-``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode, as the README documents for
-a container running both), so the replica's endpoint also shows what the worker's pool
+``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode, as docs/operating.md documents
+for a container running both), so the replica's endpoint also shows what the worker's pool
 processes counted. After the tasks are disabled and the ledger is still, one scrape over HTTP
 must equal what the ledger says per task.
 """

@@ -1,9 +1,9 @@
 """Issue 15, acceptance 5: real replicas and a worker through a real PgBouncer in transaction mode.
 
 Each test starts a PgBouncer of its own (``tests.pgbouncer``) in front of the test database's
-server. The deployment is configured as the README says for PgBouncer: ``DATABASE_URL`` through
-it, ``DATABASE_DIRECT_URL`` (``SCHEDULING_DIRECT_DATABASE``) straight to the server for the two
-session-level locks. Planning, claims, the guard's decisions and outcomes go through the pooler.
+server. The deployment is configured as docs/configuration.md says for PgBouncer: ``DATABASE_URL``
+through it, ``DATABASE_DIRECT_URL`` (``SCHEDULING_DIRECT_DATABASE``) straight to the server for the
+two session-level locks. Planning, claims, the guard's decisions and outcomes go through the pooler.
 
 - the system check fires without the direct connection and passes with it;
 - three replicas and a worker for 60 s, one replica SIGKILLed: every slot executed once, and a

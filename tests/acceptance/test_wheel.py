@@ -4,7 +4,7 @@ Build the wheel from a copy of the source tree (so the checkout gets no build/ o
 check it holds the app only (with its migrations and templates, without the development tools
 of tools/ or anything of project/, tests/ or bench/), install it with its
 dependencies into a fresh virtualenv, generate a minimal project there with ``django-admin
-startproject`` plus the README's settings, point it at a database of its own created on this
+startproject`` plus the install guide's settings, point it at a database of its own created on this
 test's PostgreSQL server, then ``migrate`` and ``check`` must exit 0.
 """
 

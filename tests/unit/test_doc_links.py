@@ -20,15 +20,20 @@ def _prose(path: Path) -> str:
     return re.sub(r"`[^`\n]*`", "", _FENCE.sub("", path.read_text()))
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor for one heading's text: lower case, punctuation dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
 def anchors(path: Path) -> set[str]:
     """GitHub's anchors for the headings of a Markdown page (duplicates get -1, -2, ...)."""
     seen: dict[str, int] = {}
     found = set()
     for heading in _HEADING.findall(_FENCE.sub("", path.read_text())):
-        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-        count = seen.get(slug, 0)
-        seen[slug] = count + 1
-        found.add(slug if count == 0 else f"{slug}-{count}")
+        base = slug(heading)
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
     return found
 
 
