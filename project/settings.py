@@ -126,6 +126,9 @@ if os.environ.get("SCHEDULING_REPUBLISH_LIMIT"):
     SCHEDULING_REPUBLISH_LIMIT = int(os.environ["SCHEDULING_REPUBLISH_LIMIT"])
 if os.environ.get("SCHEDULING_WORKER_LOST_POLICY"):
     SCHEDULING_WORKER_LOST_POLICY = os.environ["SCHEDULING_WORKER_LOST_POLICY"]
+# The replica's metrics answer without credentials: this host only unless the environment says
+# otherwise ('0.0.0.0' on a private network; docs/security.md). The port: SCHEDULING_METRICS_PORT.
+SCHEDULING_METRICS_ADDR = os.environ.get("SCHEDULING_METRICS_ADDR") or "127.0.0.1"
 # Missed-run alerts: where the webhook posts each run outcome and overdue run (unset: nowhere).
 if os.environ.get("SCHEDULING_WEBHOOK_URL"):
     SCHEDULING_WEBHOOK_URL = os.environ["SCHEDULING_WEBHOOK_URL"]

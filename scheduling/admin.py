@@ -44,6 +44,7 @@ from scheduling import (
     timeline,
     windows,
 )
+from scheduling.admin_permissions import DeclaredPermissionsAdmin, read_only, requiring
 from scheduling.clock import database_now
 from scheduling.conf import conf
 from scheduling.exceptions import PauseRejected, RunRejected, ScheduleError, SchedulingError
@@ -76,7 +77,7 @@ def _utc_ms(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(DeclaredPermissionsAdmin):
     """An audit view: nothing can be added, changed or deleted here."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -89,7 +90,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class RecordsActorAdmin(admin.ModelAdmin):
+class RecordsActorAdmin(DeclaredPermissionsAdmin):
     """Edits made on these pages are recorded in the edit history as made by the admin user.
 
     Each view that can write (the change form with its inlines, deletion, the list's actions and
@@ -270,6 +271,11 @@ class PeriodicTaskAdmin(RecordsActorAdmin, preview.UpcomingRunsAdmin, BasePeriod
         css: ClassVar[dict[str, tuple[str, ...]]] = {"all": (ADMIN_CSS,)}
 
     actions = (*BasePeriodicTaskAdmin.actions, "backfill_tasks", "pause_tasks", "resume_tasks")
+    # django-celery-beat declares these without permissions: Django would offer them to every
+    # user who can view the list (issue 32).
+    enable_tasks = requiring(BasePeriodicTaskAdmin.enable_tasks, "change")
+    disable_tasks = requiring(BasePeriodicTaskAdmin.disable_tasks, "change")
+    toggle_tasks = requiring(BasePeriodicTaskAdmin.toggle_tasks, "change")
     # Fits 1,280 px with the sidebar open; the status columns are subqueries of the page's one
     # query (``overview.with_status``).
     list_display = (
@@ -701,7 +707,7 @@ class ScheduleHealthAdmin(ReadOnlyAdmin):
     """The schedule health page: runs per periodic task over a window (view on runs)."""
 
     def get_urls(self) -> list[URLPattern]:
-        view = self.admin_site.admin_view(self.changelist_view)
+        view = self.admin_site.admin_view(read_only(self.changelist_view))
         return [path("", view, name="scheduling_schedulehealth_changelist")]
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:

@@ -9,7 +9,8 @@ class SchedulingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from scheduling import checks, worker  # noqa: F401  (registers checks and signal handlers)
+        # registers checks and signal handlers
+        from scheduling import admin_permissions, checks, worker  # noqa: F401
         from scheduling import webhook
         from scheduling.conf import conf
 

@@ -175,7 +175,11 @@ class Conf:
         "Port on which each beat replica serves Prometheus metrics (/metrics); else the "
         "SCHEDULING_METRICS_PORT environment variable; unset: no metrics server."
     ))
-    metrics_addr = Setting("0.0.0.0", str, "Address the metrics server binds.")
+    metrics_addr = Setting("127.0.0.1", str, (
+        "Address the metrics server binds. The metrics answer without credentials: the default "
+        "serves this host only; '0.0.0.0' serves every interface, for a private network only "
+        "(docs/security.md)."
+    ))
     metrics_task_labels = Setting(True, bool, (
         "Label metrics with the periodic task's name; False: one series for all tasks "
         "(task=\"*\"), for deployments with very many periodic tasks."

@@ -225,15 +225,17 @@ def observe_suppressed(periodic_task_name: str, worker: str) -> None:
         logger.exception("cannot record metrics", extra={"action": "metrics_failed"})
 
 
-def serve(port: int, addr: str = "") -> None:
+def serve(port: int, addr: str = "127.0.0.1") -> None:
     """Serve the metrics over HTTP on ``addr:port`` (path ``/metrics``) from a daemon thread.
+
+    The server asks for no credentials, so it binds the loopback address unless told otherwise
+    (``SCHEDULING_METRICS_ADDR``; how to expose it safely: docs/security.md).
 
     Under prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the values
     every process sharing that folder wrote are served, summed per label set; otherwise
     this process's own. A port that cannot be bound is logged as an error; the replica runs on
     without metrics (they are never needed for correctness).
     """
-    addr = addr or "0.0.0.0"
     registry: CollectorRegistry = REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
