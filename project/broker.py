@@ -4,7 +4,8 @@ redelivery of the messages a dead consumer never acknowledged.
 kombu's virtual transports poll; the SQL transport's default of one second would leave workers a
 second behind beat, and its ``polling_interval`` transport option cannot be used because the SQL
 transport hands every option to ``create_engine``. This subclass sets it, and is registered as the
-transport alias ``sqlpoll`` (URL ``sqlpoll+postgresql+psycopg://...``).
+transport alias ``sqlpoll`` (URL ``sqlpoll+postgresql+psycopg://...``), by name
+(``embedded.register_sql_broker``): kombu imports this module, and SQLAlchemy, on first use.
 
 Stock kombu marks a delivered message ``visible = false`` and never looks at it again, so the
 messages a SIGKILLed worker had received (executing, or prefetched and not yet started) are lost.
@@ -22,14 +23,12 @@ import os
 from queue import Empty
 from typing import Any
 
-from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport.sqlalchemy import Channel as SQLChannel
 from kombu.transport.sqlalchemy import Transport as SQLTransport
 from kombu.utils.json import loads
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError, PendingRollbackError
 
-ALIAS = "sqlpoll"
 #: ``application_name`` of the broker's PostgreSQL sessions, followed by ``:<pid>``.
 APPLICATION_NAME = "kombu-sqlpoll"
 #: Transport options this module reads; the others go to ``create_engine`` as kombu does.
@@ -163,5 +162,3 @@ class Transport(SQLTransport):
             timeout = min(timeout, self.polling_interval)
         super().drain_events(connection, timeout=timeout)
 
-
-TRANSPORT_ALIASES.setdefault(ALIAS, "project.broker:Transport")

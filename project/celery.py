@@ -6,9 +6,11 @@ import os
 
 from celery import Celery
 
-import project.broker  # noqa: F401  (registers the serviceless broker's transport alias)
+from project import embedded
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+# The serviceless broker's transport by name: SQLAlchemy is imported only when it is used.
+embedded.register_sql_broker()
 
 app = Celery("project")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -174,7 +174,22 @@ def stop(pgdata: Path | None = None) -> str:
     return f"stopped the embedded PostgreSQL at {pgdata} (pid {info.pid})"
 
 
+#: kombu transport alias of the serviceless broker (``project.broker``): URLs ``sqlpoll+...``.
+SQL_BROKER_ALIAS = "sqlpoll"
+
+
 def sql_broker_url(database_url: str) -> str:
     """Return kombu's SQL-transport URL for the PostgreSQL database at ``database_url``."""
     parts = urlsplit(database_url)
-    return "sqlpoll+postgresql+psycopg://" + database_url[len(parts.scheme) + 3 :]
+    return f"{SQL_BROKER_ALIAS}+postgresql+psycopg://" + database_url[len(parts.scheme) + 3 :]
+
+
+def register_sql_broker() -> None:
+    """Register the serviceless broker's transport alias with kombu, by name only.
+
+    kombu imports ``project.broker`` (and with it SQLAlchemy, the ``embedded`` extra) the first
+    time a connection uses a ``sqlpoll+`` URL; a deployment on Redis or RabbitMQ never does.
+    """
+    from kombu.transport import TRANSPORT_ALIASES
+
+    TRANSPORT_ALIASES.setdefault(SQL_BROKER_ALIAS, "project.broker:Transport")

@@ -156,7 +156,7 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
         "unacked_restore_interval": float(os.environ.get("CELERY_BROKER_RESTORE_INTERVAL", 10)),
         "unacked_restore_throttle": int(os.environ.get("CELERY_BROKER_RESTORE_THROTTLE", 10)),
     }
-elif CELERY_BROKER_URL.startswith("sqlpoll+"):
+elif CELERY_BROKER_URL.startswith(f"{embedded.SQL_BROKER_ALIAS}+"):
     # The serviceless broker redelivers a message not acknowledged this long after its delivery.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": float(os.environ.get("CELERY_BROKER_VISIBILITY_TIMEOUT", 3600)),

@@ -203,6 +203,27 @@ class TaskVersion(models.Model):
         return f"version {self.version}"
 
 
+class OwedRunCount(models.Model):
+    """Dispatched runs a periodic task's ``total_run_count``/``last_run_at`` do not count yet.
+
+    A claim inserts one row per task it dispatched scheduled runs for, in its own transaction
+    (``ledger.TaskBook.owe``): the count is owed exactly when the runs are committed, and a
+    replica killed at any instant after that loses none of it. A replica's ``TaskBook.settle``
+    moves the rows onto django-celery-beat's task rows every ``bookkeeping.EVERY`` seconds and
+    deletes them, in one statement (``queries.sql``, ``settle_run_counts``): whichever replica
+    locks a row (SKIP LOCKED) settles it, once. No foreign key: a deleted task's rows are
+    dropped by the settle, and the claim's insert checks nothing.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    periodic_task_id = models.IntegerField(help_text="Id of the periodic task (no constraint).")
+    runs = models.PositiveIntegerField(help_text="Scheduled runs the claim dispatched.")
+    last_slot = models.DateTimeField(help_text="The newest of those runs' slots (UTC).")
+
+    def __str__(self) -> str:
+        return f"{self.runs} runs of task {self.periodic_task_id} up to {self.last_slot}"
+
+
 class TaskHistory(models.Model):
     """One change of a periodic task's definition: when, what (before and after), who, version.
 

@@ -79,7 +79,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._overdue = OverdueWatch(self.replica_id)
         self._lost = ledger.LostExecutions(conf.worker_lost_after)
         self._settled = ledger.SettledChanges()
-        self._book = ledger.TaskBook()  # what the claims owe the task rows (last_run_at, ...)
+        self._book = ledger.TaskBook()  # settles what claims owe the task rows (last_run_at, ...)
         self._floor = ledger.DueFloor()  # where the poll and the claim start their scans
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
@@ -116,7 +116,7 @@ class LedgerScheduler(DatabaseScheduler):
 
     def sync(self) -> None:
         """Nothing to write back here: every dispatch is committed when it happens, and the
-        tasks' bookkeeping columns are written by ``tick`` and ``close`` (``ledger.TaskBook``)."""
+        tasks' bookkeeping columns are settled by ``tick`` and ``close`` (``ledger.TaskBook``)."""
 
     def close(self) -> None:
         """Record a clean shutdown in the replica's heartbeat row, then close as beat does.
@@ -131,7 +131,7 @@ class LedgerScheduler(DatabaseScheduler):
         the first found it busy or inside a transaction whose rollback would undo the write.
         """
         if ledger.ready_for_stop():
-            self._book.flush()  # never raises
+            self._book.settle()  # never raises
             self.heartbeat.stop()
         super().close()
 

@@ -12,7 +12,7 @@ One module per concept, each the only writer of what it names:
 - ``delivery``: dispatched runs no worker started, and lost runs to recover, published again;
 - ``compiled``: the claim query compiled once and sent prepared (Django/psycopg internals);
 - ``writes``: bulk inserts and updates of runs and tasks;
-- ``bookkeeping``: the tasks' ``last_run_at``/``total_run_count``, written in batches;
+- ``bookkeeping``: the tasks' ``last_run_at``/``total_run_count``, owed by claims, settled later;
 - ``manual``: manual runs and backfills;
 - ``pausing``: pause and resume a task (who, when, why; one skipped run for the slots passed);
 - ``execution``: the worker side (start, duplicate guard decision, outcome);

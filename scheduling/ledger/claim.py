@@ -87,11 +87,12 @@ def claim_and_dispatch(
     one Redis pipeline); it is called after every FLUSH_EVERY published runs and after the last,
     before the ledger writes, and each run's ``dispatched_at`` is the moment its flush returned,
     so lateness is measured to the broker. Its errors roll the claim back like a publish error.
-    ``book``, when given, takes the ``last_run_at``/``total_run_count`` of the dispatched runs'
-    tasks once the claim committed (``bookkeeping.TaskBook``: the replica writes them later);
-    without it they are written in the claim. A task whose schedule the claim ended is written
-    in the claim either way (``enabled`` off with the commit). ``floor``: runs due before it are
-    not claimed (the replica's ``DueFloor``; None: every due run).
+    ``book``, when given, is owed the ``last_run_at``/``total_run_count`` of the dispatched
+    runs' tasks, in the claim (``bookkeeping.TaskBook.owe``: one INSERT; a replica's settle
+    writes them later); without it they are written in the claim. A task whose schedule the
+    claim ended is written in the claim either way (``enabled`` off with the commit).
+    ``floor``: runs due before it are not claimed (the replica's ``DueFloor``; None: every due
+    run).
     Returns what was committed; an empty list when nothing was due or every due run is being
     claimed by another replica.
 
@@ -181,11 +182,11 @@ def claim_and_dispatch(
         insert_pending(following, using)
         owed = {pk: u for pk, u in task_updates.items() if book is not None and not u.disable}
         update_tasks({pk: u for pk, u in task_updates.items() if pk not in owed}, using)
+        if book is not None:
+            book.owe(owed, using)  # durable with the dispatches it counts
         if unplanned:
             note_unplanned(unplanned, using)
         _link_pauses(claimed, using)
-    if book is not None:
-        book.add(owed)
     result = [_dispatched(item) for item in claimed]
     for done in result:
         _log(done, replica_id)

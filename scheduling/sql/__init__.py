@@ -43,7 +43,14 @@ def _load() -> dict[str, str]:
     """Read ``queries.sql`` and fill in the tables' names and the fragments (once a process)."""
     from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
-    from scheduling.models import Replica, Run, ScheduleChange, TaskPolicy, TaskVersion
+    from scheduling.models import (
+        OwedRunCount,
+        Replica,
+        Run,
+        ScheduleChange,
+        TaskPolicy,
+        TaskVersion,
+    )
 
     names = {
         "run": Run._meta.db_table,
@@ -53,6 +60,7 @@ def _load() -> dict[str, str]:
         "task_policy": TaskPolicy._meta.db_table,
         "task_version": TaskVersion._meta.db_table,
         "schedule_change": ScheduleChange._meta.db_table,
+        "owed_run_count": OwedRunCount._meta.db_table,
     }
     blocks = parse(QUERIES_FILE.read_text())
     fragments: dict[str, str] = {}

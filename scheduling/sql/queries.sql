@@ -80,13 +80,44 @@ SELECT id FROM {periodic_task} WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE
 -- update_tasks --
 -- last_run_at, total_run_count and enabled of the tasks a claim dispatched, without moving
 -- django-celery-beat's change marker (no replica reloads) or date_changed (the interval anchor).
+-- last_run_at never moves back (GREATEST ignores a NULL).
 UPDATE {periodic_task} AS t SET
-    last_run_at = COALESCE(v.last_slot, t.last_run_at),
+    last_run_at = GREATEST(t.last_run_at, v.last_slot),
     total_run_count = t.total_run_count + v.runs,
     enabled = t.enabled AND NOT v.disable
 FROM unnest(%s::integer[], %s::timestamptz[], %s::integer[], %s::boolean[])
     AS v(id, last_slot, runs, disable)
 WHERE t.id = v.id
+
+-- owe_run_counts --
+-- In a claim's transaction: the scheduled runs it dispatched per task, owed to the task rows
+-- until a settle (one row per task; arrays of task id, runs, newest slot).
+INSERT INTO {owed_run_count} (periodic_task_id, runs, last_slot)
+SELECT * FROM unnest(%s::integer[], %s::integer[], %s::timestamptz[])
+
+-- settle_run_counts --
+-- Move the owed counts onto the task rows and delete them, in one statement: rows another
+-- settle holds are skipped (it counts them), rows of uncommitted claims are not seen yet (the
+-- next settle counts them), so each owed row is counted once. The task rows are locked in id
+-- order first (as lock_tasks), so two writers cannot deadlock; last_run_at never moves back.
+-- A deleted task's rows are deleted with nothing to update. Returns one row per task updated.
+WITH owed AS (
+    DELETE FROM {owed_run_count}
+    WHERE id IN (SELECT id FROM {owed_run_count} FOR UPDATE SKIP LOCKED)
+    RETURNING periodic_task_id, runs, last_slot
+), summed AS (
+    SELECT periodic_task_id AS id, sum(runs)::integer AS runs, max(last_slot) AS last_slot
+    FROM owed GROUP BY periodic_task_id
+), locked AS MATERIALIZED (
+    SELECT t.id FROM {periodic_task} AS t JOIN summed AS s ON s.id = t.id
+    ORDER BY t.id FOR NO KEY UPDATE OF t
+)
+UPDATE {periodic_task} AS t SET
+    total_run_count = t.total_run_count + s.runs,
+    last_run_at = GREATEST(t.last_run_at, s.last_slot)
+FROM summed AS s JOIN locked AS l ON l.id = s.id
+WHERE t.id = s.id
+RETURNING t.id
 
 -- fragment_held_locks --
 -- The advisory locks held right now in this database, as the signed 64-bit keys

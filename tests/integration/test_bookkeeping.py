@@ -1,17 +1,20 @@
-"""The tasks' last_run_at/total_run_count written in batches by a replica (``ledger.TaskBook``)."""
+"""The tasks' last_run_at/total_run_count: owed by each claim, settled by any replica
+(``ledger.TaskBook``, ``OwedRunCount``)."""
 
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import ledger, slots
+from scheduling.exceptions import PublishFailed
 from scheduling.ledger.writes import insert_pending
-from scheduling.models import Run
+from scheduling.models import OwedRunCount, Run
 from scheduling.sql import queries
 from tests.integration.conftest import GRACE
 
@@ -45,83 +48,191 @@ def _due_now(task: PeriodicTask) -> Run:
     return run
 
 
-def test_a_claim_with_a_book_writes_no_version_of_the_task_row(make_task, recorder):
-    task = make_task(every=3600, start_time=ledger.database_now() - timedelta(hours=2))
-    book = ledger.TaskBook()
+def _owed() -> list[tuple[int, int, datetime]]:
+    """The owed rows, oldest first: (task id, runs, newest slot)."""
+    rows = OwedRunCount.objects.order_by("id")
+    return list(rows.values_list("periodic_task_id", "runs", "last_slot"))
+
+
+def _owe(task: PeriodicTask, runs: int, last_slot: datetime) -> None:
+    OwedRunCount.objects.create(periodic_task_id=task.pk, runs=runs, last_slot=last_slot)
+
+
+def _book(task: PeriodicTask) -> tuple[datetime | None, int]:
+    task.refresh_from_db()
+    return task.last_run_at, task.total_run_count
+
+
+def _hour_task(make_task) -> PeriodicTask:
+    return make_task(every=3600, start_time=ledger.database_now() - timedelta(hours=2))
+
+
+def test_a_claim_with_a_book_owes_its_runs_and_writes_no_version_of_the_task_row(
+    make_task, recorder
+):
+    task = _hour_task(make_task)
     run = _due_now(task)
     before = _version(task)
 
-    assert [d.status for d in _claim(recorder, book)] == [Run.Status.DISPATCHED]
+    assert [d.status for d in _claim(recorder, ledger.TaskBook())] == [Run.Status.DISPATCHED]
     assert _version(task) == before
-    task.refresh_from_db()
-    assert (task.last_run_at, task.total_run_count) == (None, 0)
-    assert len(book) == 1
+    assert _book(task) == (None, 0)
+    assert _owed() == [(task.pk, 1, run.scheduled_for)]
 
-    assert book.flush() is True
-    task.refresh_from_db()
-    assert (task.last_run_at, task.total_run_count) == (run.scheduled_for, 1)
-    assert len(book) == 0
+    assert ledger.TaskBook().settle() == 1  # any replica's book: the claim's replica may be dead
+    assert _book(task) == (run.scheduled_for, 1)
+    assert _owed() == []
+
+
+def test_a_claim_owes_in_one_statement_however_many_tasks_it_ran(make_task, recorder):
+    """The claim's cost: one INSERT (one row per task), and no write of a task row."""
+    tasks = [_hour_task(make_task) for _ in range(5)]
+    slots_by_task = {task.pk: _due_now(task).scheduled_for for task in tasks}
+    with CaptureQueriesContext(connection) as captured:
+        assert len(_claim(recorder, ledger.TaskBook())) == 5
+    statements = [query["sql"] or "" for query in captured]
+    assert [s.split()[0] for s in statements if "scheduling_owedruncount" in s] == ["INSERT"]
+    assert [s for s in statements if s.startswith("UPDATE django_celery_beat_periodictask")
+            or s == queries["lock_tasks"]] == []
+    assert sorted(_owed()) == sorted((pk, 1, slot) for pk, slot in slots_by_task.items())
+
+
+def test_a_claim_rolled_back_owes_nothing(make_task):
+    """The owed row commits with the dispatches it counts, or not at all."""
+    task = _hour_task(make_task)
+    _due_now(task)
+
+    def refused(message) -> None:
+        raise PublishFailed("the broker is down")
+
+    with pytest.raises(PublishFailed):
+        _claim(refused, ledger.TaskBook())
+    assert Run.objects.pending().filter(periodic_task=task).count() == 1
+    assert _owed() == []
 
 
 def test_without_a_book_the_claim_writes_the_task_row(make_task, recorder):
-    task = make_task(every=3600, start_time=ledger.database_now() - timedelta(hours=2))
+    task = _hour_task(make_task)
     run = _due_now(task)
     before = _version(task)
 
     _claim(recorder, None)
     assert _version(task) != before
-    task.refresh_from_db()
-    assert (task.last_run_at, task.total_run_count) == (run.scheduled_for, 1)
+    assert _book(task) == (run.scheduled_for, 1)
+    assert _owed() == []
 
 
-def test_the_book_adds_up_claims_and_one_write_records_them_all(make_task, recorder):
-    task = make_task(every=3600, start_time=ledger.database_now() - timedelta(hours=2))
+def test_a_claim_never_moves_last_run_at_back(make_task, recorder):
+    """Stock beat left a later last_run_at (its send time): the claim's older slot keeps it."""
+    task = _hour_task(make_task)
+    run = _due_now(task)
+    later = run.scheduled_for + timedelta(minutes=5)
+    PeriodicTask.objects.filter(pk=task.pk).update(last_run_at=later)
+
+    _claim(recorder, None)
+    assert _book(task) == (later, 1)
+
+
+def test_one_settle_adds_up_every_claim(make_task, recorder):
+    task = _hour_task(make_task)
     book = ledger.TaskBook()
     scheduled = []
     for _ in range(3):
         scheduled.append(_due_now(task).scheduled_for)
         _claim(recorder, book)
     assert len(recorder.messages) == 3
-    book.flush()
-    task.refresh_from_db()
-    assert (task.last_run_at, task.total_run_count) == (max(scheduled), 3)
+    assert [(pk, runs) for pk, runs, _ in _owed()] == [(task.pk, 1)] * 3
+    assert book.settle() == 1
+    assert _book(task) == (max(scheduled), 3)
 
 
 def test_a_claim_that_ends_a_schedule_writes_the_task_row_itself(make_task, recorder):
-    """A one-off's run: ``enabled`` off with the commit, and its count with it, not in the book."""
-    task = make_task(every=3600, start_time=ledger.database_now() - timedelta(hours=2))
+    """A one-off's run: ``enabled`` off with the commit, and its count with it, owed nothing."""
+    task = _hour_task(make_task)
     PeriodicTask.objects.filter(pk=task.pk).update(one_off=True)
-    book = ledger.TaskBook()
     run = _due_now(task)
 
-    _claim(recorder, book)
+    _claim(recorder, ledger.TaskBook())
     task.refresh_from_db()
     assert (task.enabled, task.last_run_at, task.total_run_count) == (
         False, run.scheduled_for, 1
     )
-    assert len(book) == 0
+    assert _owed() == []
 
 
-def test_the_book_writes_every_few_seconds(make_task, recorder):
-    task = make_task(every=3600, start_time=ledger.database_now() - timedelta(hours=2))
+def test_the_settle_sums_per_task_and_never_moves_last_run_at_back(make_task):
+    first, second, gone = (_hour_task(make_task) for _ in range(3))
+    now = ledger.database_now().replace(microsecond=0)
+    PeriodicTask.objects.filter(pk=first.pk).update(last_run_at=now, total_run_count=40)
+    _owe(first, 2, now - timedelta(seconds=10))  # older than what the row says: kept
+    _owe(second, 1, now - timedelta(seconds=5))
+    _owe(first, 3, now - timedelta(seconds=20))
+    _owe(second, 4, now + timedelta(seconds=5))
+    _owe(gone, 7, now)
+    PeriodicTask.objects.filter(pk=gone.pk).delete()
+
+    assert ledger.TaskBook().settle() == 2
+    assert _book(first) == (now, 45)
+    assert _book(second) == (now + timedelta(seconds=5), 5)
+    assert _owed() == []  # the deleted task's rows too
+    assert ledger.TaskBook().settle() == 0
+
+
+def test_two_settles_at_once_count_each_owed_row_once(make_task, raw_connection):
+    """A settle skips the rows another holds (SKIP LOCKED); a settle rolled back leaves its rows
+    owed for the next."""
+    held, free = _hour_task(make_task), _hour_task(make_task)
+    slot = ledger.database_now().replace(microsecond=0)
+    _owe(held, 2, slot)
+    raw_connection.execute(queries["settle_run_counts"])  # its transaction: the rows locked
+    _owe(free, 3, slot)
+
+    assert ledger.TaskBook().settle() == 1
+    assert (_book(held), _book(free)) == ((None, 0), (slot, 3))
+    raw_connection.rollback()
+    assert _owed() == [(held.pk, 2, slot)]
+
+    raw_connection.execute(queries["settle_run_counts"])
+    assert ledger.TaskBook().settle() == 0
+    raw_connection.commit()
+    assert (_book(held), _book(free)) == ((slot, 2), (slot, 3))
+    assert _owed() == []
+
+
+def test_a_settle_does_not_see_an_uncommitted_claims_rows(make_task, raw_connection):
+    task = _hour_task(make_task)
+    slot = ledger.database_now().replace(microsecond=0)
+    raw_connection.execute(
+        "INSERT INTO scheduling_owedruncount (periodic_task_id, runs, last_slot)"
+        " VALUES (%s, 1, %s)", [task.pk, slot],
+    )
+    assert ledger.TaskBook().settle() == 0
+    raw_connection.commit()
+    assert ledger.TaskBook().settle() == 1
+    assert _book(task) == (slot, 1)
+
+
+def test_the_book_settles_at_its_first_step_then_once_a_cadence(make_task, recorder):
+    task = _hour_task(make_task)
     now = [100.0]
     book = ledger.TaskBook(clock=lambda: now[0])
+    _owe(task, 5, ledger.database_now())  # a killed replica's
+    book.step()
+    assert _book(task)[1] == 5
+
     _due_now(task)
     _claim(recorder, book)
-
     now[0] += ledger.bookkeeping.EVERY - 0.5
     book.step()
-    task.refresh_from_db()
-    assert task.total_run_count == 0
+    assert _book(task)[1] == 5
     now[0] += 0.5
     book.step()
-    task.refresh_from_db()
-    assert task.total_run_count == 1
+    assert _book(task)[1] == 6
 
 
-def test_a_write_that_fails_keeps_what_is_owed(make_task, recorder, raw_connection, caplog):
-    """The task row locked elsewhere past the statement timeout: logged, kept, written later."""
-    task = make_task(every=3600, start_time=ledger.database_now() - timedelta(hours=2))
+def test_a_settle_that_fails_leaves_what_is_owed(make_task, recorder, raw_connection, caplog):
+    """The task row locked elsewhere past the statement timeout: logged, owed, settled later."""
+    task = _hour_task(make_task)
     book = ledger.TaskBook()
     run = _due_now(task)
     _claim(recorder, book)
@@ -132,35 +243,37 @@ def test_a_write_that_fails_keeps_what_is_owed(make_task, recorder, raw_connecti
         with connection.cursor() as cursor:
             cursor.execute("SET statement_timeout = '200ms'")
         try:
-            assert book.flush() is False
+            assert book.settle() is None
         finally:
             with connection.cursor() as cursor:
                 cursor.execute("SET statement_timeout = 0")
     assert [r.action for r in caplog.records if hasattr(r, "action")
             and r.action.startswith("bookkeeping")] == ["bookkeeping_failed"]
-    assert len(book) == 1
-    assert book.flush() is True
-    task.refresh_from_db()
-    assert (task.last_run_at, task.total_run_count) == (run.scheduled_for, 1)
+    assert _owed() == [(task.pk, 1, run.scheduled_for)]
+    assert book.settle() == 1
+    assert _book(task) == (run.scheduled_for, 1)
 
 
-def test_a_replica_writes_its_book_at_a_clean_stop(make_task):
+def test_a_replica_settles_at_a_clean_stop(make_task):
     from project.celery import app
     from scheduling.schedulers import LedgerScheduler
 
+    scheduler = LedgerScheduler(app=app)
+    scheduler.tick()  # its first settle: nothing owed yet
     start = ledger.database_now() - timedelta(seconds=0.5)
     task = make_task(every=3600, start_time=start)
-    scheduler = LedgerScheduler(app=app)
-    scheduler.tick()
-    scheduler.tick()
-    assert Run.objects.get(periodic_task=task, scheduled_for=start).status == (
-        Run.Status.DISPATCHED
+    dispatched = Run.objects.filter(
+        periodic_task=task, scheduled_for=start, status=Run.Status.DISPATCHED
     )
-    task.refresh_from_db()
-    assert task.total_run_count == 0  # owed, within the book's few seconds
+    for _ in range(5):  # the edit's reconcile plans the run, a claim dispatches it
+        scheduler.tick()
+        if dispatched.exists():
+            break
+    assert dispatched.exists()
+    assert _book(task) == (None, 0)  # owed, within the book's cadence
+    assert _owed() == [(task.pk, 1, start)]
     scheduler.close()
-    task.refresh_from_db()
-    assert (task.last_run_at, task.total_run_count) == (start, 1)
+    assert _book(task) == (start, 1)
 
 
 def test_locking_tasks_to_update_them_leaves_other_transactions_foreign_key_checks_alone(
