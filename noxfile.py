@@ -5,6 +5,10 @@
 - ``smoke-*``: the other cells, each running ``SMOKE`` below: the lowest Celery and kombu
   declared in pyproject.toml, Django 6.0 on Python 3.12 and 3.13, and django-celery-beat from its
   lowest declared release (2.8) to its newest (2.9).
+- ``py313-django61``: Python 3.13, Django 6.1, the whole suite, with Django 6.1 installed past
+  django-celery-beat 2.9's ``Django<6.1`` pin as README.md tells a user to until
+  django-celery-beat 2.10 (docs/django61.md). Not in ``.ci/run`` (about 40 minutes on this
+  machine's two cores: ``nox -s py313-django61``).
 
 Run one cell: ``.venv/bin/nox -s smoke-py313-django60-lowest`` (``./run test`` puts nox into .venv);
 every smoke cell: ``nox -t smoke`` (``.ci/run`` runs the lowest-Celery one); list them: ``nox -l``. Arguments after
@@ -104,6 +108,23 @@ def main(session: nox.Session) -> None:
     """Python 3.11, Django 5.2, the newest Celery: the whole suite."""
     session.install("-e", ".[dev]", "Django~=5.2.0")
     _pytest(session, "main", *(session.posargs or ()))
+
+
+#: Django 6.1, which django-celery-beat's newest release (2.9.0: ``Django<6.1``) does not allow.
+DJANGO_61 = "Django~=6.1.0"
+
+
+@nox.session(python=interpreter("3.13"), name="py313-django61")
+def django61(session: nox.Session) -> None:
+    """Python 3.13, Django 6.1 past django-celery-beat 2.9's pin: the whole suite."""
+    # As docs/django61.md tells a user: everything as pip resolves it (Django 6.0 then), then
+    # Django 6.1 alone; pip says django-celery-beat 2.9.0 wants Django<6.1, and installs it.
+    session.install("-e", ".[dev]")
+    session.install(DJANGO_61)
+    session.run("python", "-c", "import django, django_celery_beat; assert django.VERSION[:2]"
+                " == (6, 1), django.__version__; print('Django', django.__version__,"
+                " 'django-celery-beat', django_celery_beat.__version__)")
+    _pytest(session, "py313-django61", *(session.posargs or ()))
 
 
 def _smoke(cell: str, python: str, pins: tuple[str, ...]) -> None:

@@ -21,18 +21,6 @@ class ClockTimestamp(Func):
     output_field = DateTimeField()
 
 
-class StatementTimestamp(Func):
-    """PostgreSQL's ``statement_timestamp()``: the database clock when the statement started.
-
-    Unlike ``clock_timestamp()`` it is stable within a statement, so a comparison with it is an
-    index condition: the claim's scan of the pending-runs index stops at the first run not due,
-    instead of reading every pending run and filtering each.
-    """
-
-    template = "statement_timestamp()"
-    output_field = DateTimeField()
-
-
 def database_now(using: str = "default") -> datetime:
     """Return the database's ``clock_timestamp()`` (aware, UTC)."""
     with connections[using].cursor() as cursor:

@@ -10,7 +10,7 @@ One module per concept, each the only writer of what it names:
 - ``planning``: the next slot of tasks without a pending run, tolerant of bad rows;
 - ``claim``: claim, decide (``policy``: pure misfire and overlap decisions), publish, commit;
 - ``delivery``: dispatched runs no worker started, and lost runs to recover, published again;
-- ``compiled``: the claim query compiled once and sent prepared (Django/psycopg internals);
+- ``claimed``: the claim statement's rows as claimed runs and tasks (tuples), sent prepared;
 - ``writes``: bulk inserts and updates of runs and tasks;
 - ``bookkeeping``: the tasks' ``last_run_at``/``total_run_count``, owed by claims, settled later;
 - ``manual``: manual runs and backfills;
@@ -26,7 +26,7 @@ statements composed in ``scheduling.sql.compose``). The names below are the pack
 surface; modules outside the package import them from here.
 """
 
-from scheduling.clock import ClockTimestamp, StatementTimestamp, database_now
+from scheduling.clock import ClockTimestamp, database_now
 from scheduling.ledger.bookkeeping import TaskBook
 from scheduling.ledger.changes import CHANGE_RETENTION, SettledChanges, note_unplanned
 from scheduling.ledger.claim import FLUSH_EVERY, Dispatched, Publish, claim_and_dispatch
@@ -82,7 +82,6 @@ __all__ = [
     "Redelivered",
     "Republisher",
     "SettledChanges",
-    "StatementTimestamp",
     "TaskBook",
     "acting",
     "application_name",

@@ -1,10 +1,11 @@
 """Claim and dispatch: lock due runs, publish them, mark them dispatched, plan the next; one
 transaction.
 
-The claim is the row lock of ``SELECT ... FOR UPDATE SKIP LOCKED`` (``compiled.CompiledClaim``),
-so it lives exactly as long as this transaction: commit, rollback, or the connection dying all
-end it (invariant 2). Each claimed run is decided here in order: load error, deleted or disabled
-task, expiry, misfire policy and overlap policy (``policy``, pure), then publish.
+The claim is the row lock of ``SELECT ... FOR UPDATE SKIP LOCKED`` (the statement ``claim`` of
+``scheduling/sql/queries.sql``; its rows become ``claimed.ClaimedRun``), so it lives exactly as
+long as this transaction: commit, rollback, or the connection dying all end it (invariant 2).
+Each claimed run is decided here in order: load error, deleted or disabled task, expiry, misfire
+policy and overlap policy (``policy``, pure), then publish.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django_celery_beat.models import PeriodicTask
 
 from scheduling import slots
 from scheduling.conf import conf
@@ -24,10 +24,8 @@ from scheduling.durations import seconds
 from scheduling.exceptions import PublishFailed, RunRejected, ScheduleError
 from scheduling.ledger.bookkeeping import TaskBook
 from scheduling.ledger.changes import note_unplanned
-from scheduling.ledger.compiled import ClaimedRun, CompiledClaim, due
-from scheduling.ledger.planning import LOAD_ERRORS, TASK_RELATED
+from scheduling.ledger.claimed import ClaimedRun, ClaimedTask, claim_rows, claimed_runs
 from scheduling.ledger.policy import MisfireDecision, misfire, one_off_misfire, overlap
-from scheduling.ledger.session import NO_FLOOR
 from scheduling.ledger.writes import (
     ERROR_LIMIT,
     TaskUpdate,
@@ -116,12 +114,12 @@ def claim_and_dispatch(
             return []
         _load_pauses(claimed, using)
         claimed_at, started = claimed[0].db_now, time.monotonic()
-        following: list[tuple[PeriodicTask, datetime]] = []
+        following: list[tuple[ClaimedTask, datetime]] = []
         missed: list[Run] = []
         task_updates: dict[int, TaskUpdate] = {}
         busy: set[int] = set()
         unplanned: set[int] = set()
-        unsent: list[Run] = []
+        unsent: list[ClaimedRun] = []
         default_stale = conf.overlap_stale_seconds
 
         def send() -> None:
@@ -132,18 +130,17 @@ def claim_and_dispatch(
                     published.dispatched_at = sent_at
             unsent.clear()
 
-        for item in claimed:
-            run = item.run
+        for run in claimed:
             now = claimed_at + timedelta(seconds=time.monotonic() - started)
-            if not item.load_error:
-                item.overlap = overlap(
+            if not run.load_error:
+                run.overlap = overlap(
                     run.periodic_task, run.trigger, run.scheduled_for,
-                    in_batch=run.periodic_task_id in busy, busy_since=item.busy_since,
-                    now=item.db_now, default_stale=default_stale,
+                    in_batch=run.periodic_task_id in busy, busy_since=run.busy_since,
+                    now=run.db_now, default_stale=default_stale,
                 )
             mark = len(missed)  # rows after it: the slots this run's misfire records missed
             try:
-                nxt, over = _dispatch_one(item, publish, now, grace, replica_id, missed)
+                nxt, over = _dispatch_one(run, publish, now, grace, replica_id, missed)
             except PublishFailed:
                 raise  # the broker: roll the whole claim back
             except Exception as exc:  # noqa: BLE001 - one bad row must not stop the batch
@@ -153,7 +150,7 @@ def claim_and_dispatch(
                 )
                 close(run, Run.Status.FAILED, Run.Reason.DISPATCH_ERROR, now, error=repr(exc))
                 nxt, over = None, False
-            item.missed_after = sum(row.slots for row in missed[mark:])
+            run.missed_after = sum(row.slots for row in missed[mark:])
             if run.status == Run.Status.DISPATCHED:
                 unsent.append(run)
                 if len(unsent) >= FLUSH_EVERY:
@@ -171,13 +168,13 @@ def claim_and_dispatch(
                 following.append((task, nxt))
             elif (
                 not over and task.enabled and run.status != Run.Status.CANCELLED
-                and item.pause is None
+                and run.pause is None
             ):
                 unplanned.add(task.pk)  # its schedule gave no next slot: reconcile says why
         send()
         # Not in a psycopg pipeline: after one, PostgreSQL did not end the session when it then
         # sat idle in the transaction, and that bound is what frees a frozen replica's claim.
-        update_runs([item.run for item in claimed], _CLAIM_FIELDS, using)
+        update_runs(claimed, _CLAIM_FIELDS, using)
         insert_runs(missed, using)
         insert_pending(following, using)
         owed = {pk: u for pk, u in task_updates.items() if book is not None and not u.disable}
@@ -187,17 +184,17 @@ def claim_and_dispatch(
         if unplanned:
             note_unplanned(unplanned, using)
         _link_pauses(claimed, using)
-    result = [_dispatched(item) for item in claimed]
+    result = [_dispatched(run) for run in claimed]
     for done in result:
         _log(done, replica_id)
     return result
 
 
-def _dispatched(item: ClaimedRun) -> Dispatched:
-    run, decision = item.run, item.misfire
+def _dispatched(run: ClaimedRun) -> Dispatched:
+    decision = run.misfire
     outcome, misfired = "", 0
     if decision is not None and run.status == Run.Status.MISSED:
-        outcome, misfired = decision.outcome, run.slots + item.missed_after
+        outcome, misfired = decision.outcome, run.slots + run.missed_after
     elif decision is not None and run.status == Run.Status.DISPATCHED:
         outcome, misfired = decision.outcome, decision.misfired_slots
     return Dispatched(
@@ -235,27 +232,27 @@ def _log(done: Dispatched, replica_id: str) -> None:
 def _load_pauses(claimed: list[ClaimedRun], using: str) -> None:
     """Load the open pauses of the claimed scheduled runs whose task is paused (one query)."""
     ids = {
-        item.pause_id for item in claimed
-        if item.pause_id is not None and item.run.trigger == Run.Trigger.SCHEDULE
+        run.pause_id for run in claimed
+        if run.pause_id is not None and run.trigger == Run.Trigger.SCHEDULE
     }
     if not ids:
         return
     pauses = Pause.objects.using(using).in_bulk(sorted(ids))
-    for item in claimed:
-        if item.run.trigger == Run.Trigger.SCHEDULE and item.pause_id is not None:
-            item.pause = pauses.get(item.pause_id)
+    for run in claimed:
+        if run.trigger == Run.Trigger.SCHEDULE and run.pause_id is not None:
+            run.pause = pauses.get(run.pause_id)
 
 
 def _link_pauses(claimed: list[ClaimedRun], using: str) -> None:
     """Link each pause to the first run it skipped (the row ``ledger.resume`` completes)."""
-    for item in claimed:
-        if item.pause is not None and item.run.status == Run.Status.SKIPPED:
-            Pause.objects.using(using).filter(pk=item.pause.pk, run__isnull=True).update(
-                run=item.run.pk
+    for run in claimed:
+        if run.pause is not None and run.status == Run.Status.SKIPPED:
+            Pause.objects.using(using).filter(pk=run.pause.pk, run__isnull=True).update(
+                run=run.id
             )
 
 
-def _flush(flush: Callable[[], None], runs: list[Run]) -> None:
+def _flush(flush: Callable[[], None], runs: list[ClaimedRun]) -> None:
     """Send the buffered messages of ``runs``; raise PublishFailed naming them if that fails."""
     try:
         flush()
@@ -269,56 +266,16 @@ def claim_due(
     batch_size: int, using: str = "default", floor: datetime | None = None
 ) -> list[ClaimedRun]:
     """Lock up to ``batch_size`` due pending runs (SKIP LOCKED) with their tasks and policies,
-    due at or after ``floor`` (None: every due run).
+    due at or after ``floor`` (None: every due run), in the caller's transaction.
 
-    A schedule row Django cannot load (an unknown time zone written by raw SQL, say) must not stop
-    every other run: on such an error, raised in Python while the rows are turned into models
-    (the query itself succeeded and its locks are held), the runs are claimed alone and each task
-    is loaded on its own; a task that still cannot be loaded leaves its run's ``load_error`` set,
-    and the run is recorded failed with that error.
+    A task whose schedule cannot be loaded (an unknown time zone written by raw SQL, say) leaves
+    its runs' ``load_error`` set, and each is recorded failed with that error; the other runs
+    are claimed as usual.
     """
-    try:
-        return CompiledClaim.of(batch_size, using).fetch(floor)
-    except LOAD_ERRORS as exc:
-        logger.error(
-            "a schedule row cannot be loaded (%s); claiming run by run", exc,
-            extra={"action": "load_failed"},
-        )
-    rows = list(due(using, floor or NO_FLOOR).values_list("pk", "db_now", "busy_since", "pause_id")[:batch_size])
-    runs = Run.objects.using(using).in_bulk([pk for pk, *_ in rows])
-    claimed = [
-        ClaimedRun(runs[pk], db_now=now, busy_since=since, pause_id=paused)
-        for pk, now, since, paused in rows
-    ]
-    tasks = _load_tasks({item.run.periodic_task_id for item in claimed} - {None}, using)
-    for item in claimed:
-        if item.run.periodic_task_id is None:
-            continue
-        loaded = tasks.get(item.run.periodic_task_id)
-        if isinstance(loaded, Exception):
-            item.load_error = f"cannot load the periodic task or its schedule: {loaded}"
-        elif loaded is not None:
-            item.run.periodic_task = loaded
-    return claimed
+    return claimed_runs(claim_rows(batch_size, using, floor))
 
 
-def _load_tasks(ids: set[int], using: str) -> dict[int, PeriodicTask | Exception]:
-    """Load tasks with their schedules and policies one by one; errors are returned, not raised."""
-    query = PeriodicTask.objects.using(using).select_related(*TASK_RELATED, "scheduling_policy")
-    loaded: dict[int, PeriodicTask | Exception] = {}
-    for pk in sorted(ids):
-        try:
-            with transaction.atomic(using=using):
-                found = query.filter(pk=pk).first()
-        except LOAD_ERRORS as exc:
-            loaded[pk] = exc
-        else:
-            if found is not None:
-                loaded[pk] = found
-    return loaded
-
-
-def close(run: Run, status: str, reason: str, now: datetime, error: str = "") -> None:
+def close(run: ClaimedRun, status: str, reason: str, now: datetime, error: str = "") -> None:
     """Set a claimed run's outcome fields: it ends here, without a dispatch."""
     run.status = status
     run.reason = reason
@@ -327,7 +284,7 @@ def close(run: Run, status: str, reason: str, now: datetime, error: str = "") ->
 
 
 def _dispatch_one(
-    item: ClaimedRun,
+    run: ClaimedRun,
     publish: Publish,
     now: datetime,
     grace: timedelta,
@@ -340,13 +297,12 @@ def _dispatch_one(
     fails to give a next slot is logged and left enabled; the reconcile pass records its error.
     Rows for slots a misfire records as missed are appended to ``missed`` (to be inserted).
     """
-    run = item.run
     run.claimed_by = replica_id
-    if item.load_error:
+    if run.load_error:
         logger.error(
-            "run %s failed: %s", run.task_id, item.load_error, extra={"action": "load_failed"}
+            "run %s failed: %s", run.task_id, run.load_error, extra={"action": "load_failed"}
         )
-        close(run, Run.Status.FAILED, Run.Reason.INVALID_SCHEDULE, now, error=item.load_error)
+        close(run, Run.Status.FAILED, Run.Reason.INVALID_SCHEDULE, now, error=run.load_error)
         return None, False
     task = run.periodic_task
     if task is None:
@@ -359,27 +315,27 @@ def _dispatch_one(
     if scheduled and task.expires is not None and run.scheduled_for >= task.expires:
         close(run, Run.Status.CANCELLED, Run.Reason.TASK_EXPIRED, now)
         return None, True
-    if item.pause is not None:  # paused: no dispatch, nothing planned until the resume
-        pause = item.pause
+    if run.pause is not None:  # paused: no dispatch, nothing planned until the resume
+        pause = run.pause
         close(run, Run.Status.SKIPPED, Run.Reason.paused(pause.paused_by, pause.why), now)
         return None, False
     nxt: datetime | None = None
     over = scheduled and task.one_off
     if over:
-        item.misfire = one_off_misfire(task, run.scheduled_for, now, grace, run.due_at)
-        if item.misfire is not None and item.misfire.dispatches:
-            run.reason = item.misfire.reason
-        elif item.misfire is not None:
-            close(run, Run.Status.MISSED, item.misfire.reason, now)
+        run.misfire = one_off_misfire(task, run.scheduled_for, now, grace, run.due_at)
+        if run.misfire is not None and run.misfire.dispatches:
+            run.reason = run.misfire.reason
+        elif run.misfire is not None:
+            close(run, Run.Status.MISSED, run.misfire.reason, now)
             return None, True
     if scheduled and not task.one_off:
         try:
-            item.misfire = misfire(task, run.scheduled_for, now, grace, run.due_at)
-            if item.misfire is None:
+            run.misfire = misfire(task, run.scheduled_for, now, grace, run.due_at)
+            if run.misfire is None:
                 nxt = slots.next_run(task, run.scheduled_for)
             else:
-                nxt = item.misfire.next_slot
-                _apply_misfire(item, item.misfire, now, replica_id, missed)
+                nxt = run.misfire.next_slot
+                _apply_misfire(run, run.misfire, now, replica_id, missed)
             over = nxt is None
         except ScheduleError as exc:
             logger.error(
@@ -388,8 +344,8 @@ def _dispatch_one(
             )
         if run.status == Run.Status.MISSED:
             return nxt, over
-    if item.overlap:  # overlap policy skip
-        close(run, Run.Status.SKIPPED, item.overlap, now)
+    if run.overlap:  # overlap policy skip
+        close(run, Run.Status.SKIPPED, run.overlap, now)
         return nxt, over
     try:
         message = build_message(run, task, now)
@@ -412,14 +368,14 @@ def _dispatch_one(
 
 
 def _apply_misfire(
-    item: ClaimedRun,
+    run: ClaimedRun,
     decision: MisfireDecision,
     now: datetime,
     replica_id: str,
     missed: list[Run],
 ) -> None:
     """Write a misfire decision onto the claimed run, and queue the rows of its missed slots."""
-    run, task = item.run, item.run.periodic_task
+    task = run.periodic_task
     assert task is not None
     if decision.dispatches:
         run.reason, run.slots = decision.reason, decision.slots

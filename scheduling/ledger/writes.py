@@ -7,8 +7,10 @@ NOTHING``): a conflict is an expected outcome, not an error (invariant 1).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import connections
 from django_celery_beat.models import PeriodicTask
@@ -53,10 +55,11 @@ def planned_run(task: PeriodicTask, slot: datetime, **fields: object) -> Run:
     """Return an unsaved pending scheduled run of ``task`` at ``slot``; ``fields`` override.
 
     A scheduled run is due at ``due_at`` (the task's jitter); a backfill run at its slot.
+    ``task``: a ``PeriodicTask``, or a claim's ``claimed.ClaimedTask`` (the same attributes).
     """
     trigger = fields.get("trigger", Run.Trigger.SCHEDULE)
     values: dict[str, object] = {
-        "periodic_task": task,
+        "periodic_task_id": task.pk,
         "periodic_task_name": task.name,
         "task": task.task,
         "scheduled_for": slot,
@@ -126,8 +129,11 @@ def insert_pending(plans: list[tuple[PeriodicTask, datetime]], using: str = "def
     return len(plans)
 
 
-def update_runs(runs: list[Run], names: tuple[str, ...], using: str = "default") -> None:
-    """Write the fields ``names`` of ``runs`` (by primary key) in one UPDATE ... FROM unnest."""
+def update_runs(runs: Sequence[Any], names: tuple[str, ...], using: str = "default") -> None:
+    """Write the fields ``names`` of ``runs`` (by primary key) in one UPDATE ... FROM unnest.
+
+    ``runs``: ``Run`` instances, or anything with their attributes (a claim's ``ClaimedRun``).
+    """
     connection = connections[using]
     statement, fields = compose.update_runs(names, connection)
     # The attributes as they are: ints, strings and aware datetimes, written as array literals

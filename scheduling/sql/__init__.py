@@ -41,10 +41,18 @@ def parse(text: str) -> dict[str, str]:
 @cache
 def _load() -> dict[str, str]:
     """Read ``queries.sql`` and fill in the tables' names and the fragments (once a process)."""
-    from django_celery_beat.models import PeriodicTask, PeriodicTasks
+    from django_celery_beat.models import (
+        ClockedSchedule,
+        CrontabSchedule,
+        IntervalSchedule,
+        PeriodicTask,
+        PeriodicTasks,
+        SolarSchedule,
+    )
 
     from scheduling.models import (
         OwedRunCount,
+        Pause,
         Replica,
         Run,
         ScheduleChange,
@@ -56,6 +64,11 @@ def _load() -> dict[str, str]:
         "run": Run._meta.db_table,
         "periodic_task": PeriodicTask._meta.db_table,
         "change_marker": PeriodicTasks._meta.db_table,
+        "interval_schedule": IntervalSchedule._meta.db_table,
+        "crontab_schedule": CrontabSchedule._meta.db_table,
+        "solar_schedule": SolarSchedule._meta.db_table,
+        "clocked_schedule": ClockedSchedule._meta.db_table,
+        "pause": Pause._meta.db_table,
         "replica": Replica._meta.db_table,
         "task_policy": TaskPolicy._meta.db_table,
         "task_version": TaskVersion._meta.db_table,

@@ -1,10 +1,11 @@
 -- Every static SQL statement of the scheduling app, one block per name, loaded by scheduling.sql.
 --
 -- A block starts with a line "-- name --", then comment lines saying what it is for, then the
--- statement. {run}, {periodic_task}, {change_marker}, {replica}, {task_policy}, {task_version}
--- and {schedule_change} are the tables' names (the models' db_table, filled in when the file is
--- loaded); {fragment_...} is the text of the fragment block of that name. Parameters are
--- psycopg's: %s, or %(name)s.
+-- statement. {run}, {periodic_task}, {change_marker}, {replica}, {task_policy}, {task_version},
+-- {schedule_change}, {pause} and the schedules' {interval_schedule}, {crontab_schedule},
+-- {solar_schedule} and {clocked_schedule} are the tables' names (the models' db_table, filled in
+-- when the file is loaded); {fragment_...} is the text of the fragment block of that name.
+-- Parameters are psycopg's: %s, or %(name)s.
 -- The execution-lock key of a run's attempt is the SQL function scheduling_execution_lock_key
 -- (task id, retries), created by migration 0011: the guard and the lost-worker sweep both call it.
 
@@ -53,6 +54,54 @@ SELECT clock_timestamp(),
        (SELECT due_at FROM {run} WHERE status = 'pending' AND due_at >= %s
         ORDER BY due_at LIMIT 1),
        (SELECT last_update FROM {change_marker} WHERE ident = 1)
+
+-- claim --
+-- The claim (invariant 2): the due pending runs, up to %(limit)s, locked FOR UPDATE SKIP LOCKED
+-- (the lock lives as long as the transaction; rows another replica holds are skipped, not
+-- waited for), in (due_at, id) order: the partial index scheduling_run_pending_due, read from
+-- %(floor)s on (the replica's due floor, ledger.DueFloor) up to the statement's database clock
+-- (a stable bound: an index condition, invariant 5). With each run, the columns the claim reads
+-- (ledger.claimed turns a row into a ClaimedRun by position: the aliases are its attributes):
+-- the run's, the database clock, busy_since (the newest dispatch of an unfinished run of the
+-- task, for overlap policy skip only: the partial index scheduling_run_unfinished), pause_id (the
+-- task's open pause: the partial unique constraint scheduling_pause_one_open_per_task), then its
+-- periodic task, schedule, policy and definition version (NULL when there is none). Statuses
+-- are literals, so a generic plan proves the partial indexes' predicates; the floor and the
+-- limit are the statement's only parameters, so one prepared statement serves every batch size.
+SELECT r.id, r.periodic_task_id, r.periodic_task_name, r.trigger, r.scheduled_for, r.due_at,
+       r.task_id, r.reason, r.slots, r.claimed_by, r.dispatched_at, r.error, r.finished_at,
+       clock_timestamp() AS db_now,
+       CASE WHEN p.overlap_policy = 'skip' THEN
+           (SELECT u.dispatched_at FROM {run} u
+            WHERE u.periodic_task_id = r.periodic_task_id
+              AND u.status IN ('dispatched', 'running', 'retrying')
+            ORDER BY u.dispatched_at DESC NULLS LAST LIMIT 1)
+       END AS busy_since,
+       (SELECT o.id FROM {pause} o
+        WHERE o.periodic_task_id = r.periodic_task_id AND o.resumed_at IS NULL LIMIT 1) AS pause_id,
+       t.id AS pk, t.name, t.task, t.enabled, t.one_off, t.start_time, t.expires,
+       t.expire_seconds, t.last_run_at, t.total_run_count, t.date_changed, t.args, t.kwargs,
+       t.headers, t.queue, t.exchange, t.routing_key, t.priority,
+       t.interval_id, t.crontab_id, t.solar_id, t.clocked_id,
+       i.every, i.period,
+       c.minute, c.hour, c.day_of_month, c.month_of_year, c.day_of_week, c.timezone,
+       s.event, s.latitude, s.longitude,
+       k.clocked_time,
+       p.misfire_policy, p.misfire_grace_seconds, p.catch_up_limit, p.overlap_policy,
+       p.overlap_stale_seconds, p.jitter_seconds,
+       v.version
+FROM {run} r
+LEFT JOIN {periodic_task} t ON t.id = r.periodic_task_id
+LEFT JOIN {interval_schedule} i ON i.id = t.interval_id
+LEFT JOIN {crontab_schedule} c ON c.id = t.crontab_id
+LEFT JOIN {solar_schedule} s ON s.id = t.solar_id
+LEFT JOIN {clocked_schedule} k ON k.id = t.clocked_id
+LEFT JOIN {task_policy} p ON p.periodic_task_id = t.id
+LEFT JOIN {task_version} v ON v.periodic_task_id = t.id
+WHERE r.status = 'pending' AND r.due_at >= %(floor)s AND r.due_at <= statement_timestamp()
+ORDER BY r.due_at, r.id
+LIMIT %(limit)s
+FOR UPDATE OF r SKIP LOCKED
 
 -- database_now --
 SELECT clock_timestamp()

@@ -15,7 +15,6 @@ from django.test import override_settings
 from project.celery import app
 from scheduling import ledger, slots
 from scheduling.exceptions import PublishFailed
-from scheduling.ledger.compiled import CompiledClaim
 from scheduling.ledger.writes import insert_pending, insert_runs, planned_run
 from scheduling.models import Run
 from scheduling.schedulers import LedgerScheduler
@@ -25,13 +24,14 @@ from tests.integration.conftest import GRACE, claim, make_due
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _claim_statements() -> list[tuple[int, int]]:
-    """(generic plans, custom plans) of each prepared claim statement of this session."""
+def _claim_statements() -> list[tuple[int, int, list[str]]]:
+    """(generic plans, custom plans, parameter types) of each prepared claim statement of this
+    session."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-            " WHERE statement LIKE %s",
-            ['SELECT "scheduling_run"."id"%FOR UPDATE OF "scheduling_run" SKIP LOCKED'],
+            "SELECT generic_plans, custom_plans, parameter_types::text[]"
+            " FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["SELECT r.id, %FOR UPDATE OF r SKIP LOCKED"],
         )
         return cursor.fetchall()
 
@@ -43,10 +43,10 @@ def test_the_claim_is_prepared_once_and_runs_on_a_generic_plan(make_task, record
         make_due(task)
         assert [d.status for d in claim(recorder)] == [Run.Status.DISPATCHED]
 
-    # literals, but for the replica's due floor (ledger.DueFloor), planned generic
-    assert len(CompiledClaim.of(100, "default").params) == 1
-    # one statement, planned once for any batch: the partial indexes' predicates are literals
-    assert _claim_statements() == [(3, 0)]
+    # one statement, planned once: the partial indexes' predicates are literals, and only the
+    # replica's due floor (ledger.DueFloor) and the batch size (psycopg sends an int as the
+    # smallest type that holds it) are parameters
+    assert _claim_statements() == [(3, 0, ["timestamp with time zone", "smallint"])]
     assert len(recorder.messages) == 3
 
 

@@ -5,12 +5,17 @@
   (``reason="..."``, or a literal in the place of a parameter named ``reason``).
 - Tests and benchmarks use public names: no ``from module import _name`` and no
   ``module._name`` of another module (a private name of a test's own module is its business).
+- The app and the example project use Django's public API only: no name of the ORM's query
+  building (``django.db.models.sql``: the compiler, ``Query``), none of ``django.db.models.query``
+  but its public ones (``get_related_populators``, ``RelatedPopulator`` and the iterables are
+  internals: ``get_related_populators`` changed its signature in Django 6.1 and broke the claim),
+  and no underscore name of any ``django`` module, imported or reached as an attribute.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,6 +26,17 @@ def _sources(*folders: Path) -> Iterator[tuple[Path, ast.Module]]:
     for folder in folders:
         for path in sorted(folder.rglob("*.py")):
             yield path, ast.parse(path.read_text(), str(path))
+
+
+def _breaches(
+    rule: Callable[[ast.Module], list[tuple[int, str]]], *folders: Path
+) -> dict[str, list[tuple[int, str]]]:
+    """What ``rule`` finds in each source file under ``folders`` that breaks it."""
+    return {
+        str(path.relative_to(ROOT)): found
+        for path, tree in _sources(*folders)
+        if (found := rule(tree))
+    }
 
 
 def _is_literal(node: ast.expr) -> bool:
@@ -142,12 +158,7 @@ def private_imports(tree: ast.Module) -> list[tuple[int, str]]:
 
 
 def test_tests_and_benchmarks_use_public_names_only():
-    breaches = {
-        str(path.relative_to(ROOT)): found
-        for path, tree in _sources(ROOT / "tests", ROOT / "bench")
-        if (found := private_imports(tree))
-    }
-    assert breaches == {}
+    assert _breaches(private_imports, ROOT / "tests", ROOT / "bench") == {}
 
 
 def test_the_private_name_rule_catches_each_form():
@@ -163,3 +174,110 @@ def test_the_private_name_rule_catches_each_form():
         "base._private\n"  # not ours
     )
     assert private_imports(tree) == [(4, "scheduling.ledger.writes._insert"), (5, "ledger._claim_due")]
+
+
+#: The ORM's query building: the compiler, ``Query``, ``where``; every name in it is internal.
+DJANGO_INTERNAL_PACKAGE = "django.db.models.sql"
+#: What ``django.db.models.query`` documents; its other names are internals.
+DJANGO_QUERY_PUBLIC = frozenset({
+    "QuerySet", "RawQuerySet", "EmptyQuerySet", "Prefetch", "prefetch_related_objects",
+    "aprefetch_related_objects",
+})
+
+
+def _private_django(dotted: str) -> bool:
+    """Whether ``dotted`` (``django.x.y``) names something outside Django's public API."""
+    parts = dotted.split(".")
+    if parts[0] != "django":
+        return False
+    if any(p.startswith("_") and not p.startswith("__") for p in parts):
+        return True
+    if dotted == DJANGO_INTERNAL_PACKAGE or dotted.startswith(DJANGO_INTERNAL_PACKAGE + "."):
+        return True
+    query = ["django", "db", "models", "query"]
+    return parts[:4] == query and len(parts) > 4 and parts[4] not in DJANGO_QUERY_PUBLIC
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(names)])
+
+
+def django_private_names(tree: ast.Module) -> list[tuple[int, str]]:
+    """Return (line, dotted name) for each name outside Django's public API that ``tree``
+    imports, or reaches as an attribute of a Django module it imported."""
+    found = []
+    modules: dict[str, str] = {}  # local name -> the Django module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _private_django(alias.name):
+                    found.append((node.lineno, alias.name))
+                elif alias.name.split(".")[0] == "django":
+                    local = alias.asname or alias.name.split(".")[0]
+                    modules[local] = alias.name if alias.asname else "django"
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] != "django":
+                continue
+            for alias in node.names:
+                dotted = f"{node.module}.{alias.name}"
+                if _private_django(node.module) or _private_django(dotted):
+                    found.append((node.lineno, dotted))
+                else:
+                    modules[alias.asname or alias.name] = dotted
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and id(node) not in inner:
+            dotted = _dotted(node)
+            root = dotted.split(".")[0] if dotted else ""
+            if root in modules:
+                full = modules[root] + dotted[len(root):]
+                # the outermost attribute, then each shorter chain: the first private one counts
+                while "." in full and not _private_django(full):
+                    full = full.rsplit(".", 1)[0]
+                if _private_django(full):
+                    found.append((node.lineno, full))
+    return sorted(set(found))
+
+
+def test_the_app_and_project_use_public_django_names_only():
+    assert _breaches(django_private_names, APP, ROOT / "project") == {}
+
+
+def test_the_django_rule_catches_each_form():
+    tree = ast.parse(
+        "from django.db.models.query import get_related_populators, QuerySet\n"
+        "from django.db.models.sql.compiler import SQLCompiler\n"
+        "from django.db.models import sql, query\n"
+        "import django.db.models.sql.where\n"
+        "from django.utils.functional import _lazy_proxy_unpickle\n"
+        "from django.utils import _os\n"
+        "import django.db.models.query as q\n"
+        "q.RelatedPopulator(info, select, db)\n"
+        "q.QuerySet\n"
+        "query.ModelIterable\n"
+        "from django.utils.translation import gettext_lazy as _\n"  # a public name, aliased
+        "from django.db.models import Q, F\n"
+        "import django\n"
+        "django.db.models.query.get_related_populators(a, b, c)\n"
+        "django.setup()\n"
+        "Run._meta.get_field('id')\n"  # Django's model API, of a class
+        "from kombu.transport.virtual import _private\n"  # not Django
+    )
+    assert django_private_names(tree) == [
+        (1, "django.db.models.query.get_related_populators"),
+        (2, "django.db.models.sql.compiler.SQLCompiler"),
+        (3, "django.db.models.sql"),
+        (4, "django.db.models.sql.where"),
+        (5, "django.utils.functional._lazy_proxy_unpickle"),
+        (6, "django.utils._os"),
+        (8, "django.db.models.query.RelatedPopulator"),
+        (10, "django.db.models.query.ModelIterable"),
+        (14, "django.db.models.query.get_related_populators"),
+    ]
