@@ -724,12 +724,13 @@ def ledger_queries(bench: Bench, total: int) -> tuple[list[Row], dict[str, str]]
     return rows, plans
 
 
-def captured(call) -> tuple[str, list]:
-    """The first SQL statement ``call`` runs, with its parameters; rolled back."""
-    seen: list[tuple[str, list]] = []
+def captured(call) -> tuple[str, list | dict]:
+    """The first SQL statement ``call`` runs, with its parameters (a list, or a dict for named
+    placeholders such as the claim's); rolled back."""
+    seen: list[tuple[str, list | dict]] = []
 
     def wrapper(execute, sql, params, many, context):
-        seen.append((sql, list(params or [])))
+        seen.append((sql, dict(params) if isinstance(params, dict) else list(params or [])))
         return execute(sql, params, many, context)
 
     try:
@@ -745,7 +746,7 @@ class _Rollback(Exception):
     pass
 
 
-def _explain(sql: str, params: list) -> str:
+def _explain(sql: str, params: list | dict) -> str:
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
@@ -755,7 +756,7 @@ def _explain(sql: str, params: list) -> str:
         return str(done)
 
 
-def timed(sql: str, params: list, prepared: bool) -> float:
+def timed(sql: str, params: list | dict, prepared: bool) -> float:
     """Seconds to execute ``sql`` and fetch its rows, in a transaction that commits (the claim
     writes nothing, and a rollback would drop psycopg's prepared statements); ``prepared``:
     as the scheduler sends the claim (``scheduling.ledger.claimed.prepared``), planned once."""
