@@ -59,7 +59,11 @@ CELLS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def interpreter(version: str) -> str:
-    """Return pyenv's newest ``python3.X`` for ``version`` ("3.13"), else the version for nox."""
+    """Return pyenv's newest ``python3.X`` for ``version`` ("3.13"), else the one
+    ``tools/get-python3.14`` put into ``.python3.X/`` (3.14), else the version for nox."""
+    unpacked = ROOT / f".python{version}" / "usr" / "bin" / f"python{version}"
+    if unpacked.exists():
+        return str(unpacked)
     versions = Path.home() / ".pyenv" / "versions"
     found = sorted(
         (p for p in versions.glob(f"{version}.*") if re.fullmatch(rf"{version}\.\d+", p.name)),
@@ -125,6 +129,13 @@ def django61(session: nox.Session) -> None:
                 " == (6, 1), django.__version__; print('Django', django.__version__,"
                 " 'django-celery-beat', django_celery_beat.__version__)")
     _pytest(session, "py313-django61", *(session.posargs or ()))
+
+
+@nox.session(python=interpreter("3.14"), name="full-py314-django60")
+def full_py314(session: nox.Session) -> None:
+    """Python 3.14, Django 6.0, django-celery-beat 2.9: the whole suite."""
+    session.install("-e", ".[dev]", "Django~=6.0.0", "django-celery-beat~=2.9.0")
+    _pytest(session, "full-py314-django60", *(session.posargs or ()))
 
 
 def _smoke(cell: str, python: str, pins: tuple[str, ...]) -> None:

@@ -31,10 +31,14 @@ def parse(url: str, **kwargs: Any) -> dict[str, Any]:
 def hosts_in_query(url: str) -> str:
     """Return ``url`` with a list of servers in its authority moved to ``host``/``port`` query
     parameters; any other URL unchanged. Raises ValueError as ``parse`` does."""
-    parts = urlsplit(url)
-    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    # The authority is cut out by hand: urlsplit refuses a list of servers with an IPv6 one in
+    # it ("db-a,[::1]:6000") since Python 3.14, as RFC 3986 does.
+    scheme, _, rest = url.partition("://")
+    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    userinfo, _, hostlist = rest[:end].rpartition("@")
     if "," not in hostlist:
         return url
+    parts = urlsplit(f"{scheme}://host{rest[end:]}")
     query = parse_qsl(parts.query, keep_blank_values=True)
     if any(key in ("host", "port") for key, _ in query):
         raise ValueError("a database URL gives its hosts in the authority or in ?host=, not both")
@@ -45,7 +49,7 @@ def hosts_in_query(url: str) -> str:
         ports.append(port)
     query = [("host", ",".join(hosts)), ("port", ",".join(ports)), *query]
     netloc = f"{userinfo}@" if userinfo else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query, safe=",/"), ""))
+    return urlunsplit((scheme, netloc, parts.path, urlencode(query, safe=",/"), ""))
 
 
 def _split_server(server: str) -> tuple[str, str]:

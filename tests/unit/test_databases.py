@@ -50,3 +50,11 @@ def test_django_hands_the_lists_to_psycopg_as_one_multi_host_conninfo():
     params = wrapper.get_connection_params()
     assert (params["host"], params["port"]) == ("10.0.0.1,10.0.0.2", "5433,5434")
     assert params["target_session_attrs"] == "read-write"
+
+
+def test_a_list_of_servers_followed_by_a_query_without_a_path_keeps_the_query():
+    entry = parse("postgresql://u:p@[2001:db8::5],db-b:6432?sslmode=require")
+    assert (entry["USER"], entry["PASSWORD"], entry["NAME"]) == ("u", "p", "")
+    assert entry["OPTIONS"] == {
+        "host": "2001:db8::5,db-b", "port": "5432,6432", "sslmode": "require",
+    }
