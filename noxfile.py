@@ -2,6 +2,9 @@
 
 - ``main``: Python 3.11, Django 5.2, the newest Celery: the whole suite, as ``./run test`` runs it
   (``.ci/run`` runs ``./run test`` itself for this cell; the session is here to run it alike).
+- ``full-py314-django60``: Python 3.14, Django 6.0: the whole suite. ``.ci/run``'s first pass is
+  this cell (``./run test`` in ``.venv-py314``); Python 3.14 comes from pyenv or from
+  ``tools/get-python3.14`` (``.python3.14/``).
 - ``smoke-*``: the other cells, each running ``SMOKE`` below: the lowest Celery and kombu
   declared in pyproject.toml, Django 6.0 on Python 3.12 and 3.13, and django-celery-beat from its
   lowest declared release (2.8) to its newest (2.9).
