@@ -87,7 +87,8 @@ def wheel(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("wheel")
     source = folder / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", ".nox", ".data", "build", "*.egg-info", "__pycache__", "*.whl",
+        ".git", ".venv", ".venv-*", ".python3.*", ".nox", ".data", "build", "*.egg-info",
+        "__pycache__", "*.whl",
     ))
     _run(*PIP, "wheel", "--no-deps", "--quiet", "--wheel-dir", folder / "dist", "./source",
          cwd=folder)
