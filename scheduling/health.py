@@ -46,13 +46,13 @@ def check(max_tick_age: float, max_overdue: float, host: str | None = None) -> V
 
     Unhealthy when no replica that is not stopped ticked within ``max_tick_age`` seconds, when
     a run is still pending more than ``max_overdue`` seconds after its ``due_at`` (its slot, or
-    later by the task's jitter; nobody
-    claimed it, or every claim of it rolled back or hangs), or when a dispatched run no worker
-    started is past its delivery deadline plus a reconcile interval (nothing re-published it), or
-    when a periodic task is overdue (``overdue_tasks``: its runs stopped succeeding within its
-    success deadline), naming the tasks.
-    A healthy line also counts the runs closed "not delivered" or "worker lost" in the last 24 h. Every reason found goes on the one
-    line, separated by ``; ``. Raises django.db.DatabaseError when the database cannot be read.
+    later by the task's jitter; nobody claimed it, or every claim of it rolled back or hangs),
+    or when a dispatched run no worker started is past its delivery deadline plus a reconcile
+    interval (nothing re-published it), or when a periodic task is overdue (``overdue_tasks``:
+    its runs stopped succeeding within its success deadline), naming the tasks. A healthy line
+    also counts the runs closed "not delivered" or "worker lost" in the last 24 h. Every reason
+    found goes on the one line, separated by ``; ``. Raises django.db.DatabaseError when the
+    database cannot be read.
     """
     replicas = Replica.objects.all() if host is None else Replica.objects.filter(host=host)
     seen = with_state(replicas).aggregate(
@@ -61,30 +61,9 @@ def check(max_tick_age: float, max_overdue: float, host: str | None = None) -> V
         recent=Count("pk", filter=Q(stopped_at__isnull=True, tick_age__lte=max_tick_age)),
         newest_age=Min("tick_age", filter=Q(stopped_at__isnull=True)),
     )
-    overdue = Run.objects.pending().filter(
-        due_at__lt=ClockTimestamp() - timedelta(seconds=max_overdue)
-    )
-    late = overdue.aggregate(count=Count("pk"))
     where = "" if host is None else f" on host {host!r}"
-    reasons = []
-    if not seen["total"]:
-        reasons.append(f"no beat replica{where} has ever ticked")
-    elif not seen["running"]:
-        reasons.append(f"every beat replica{where} is stopped ({seen['total']} stopped)")
-    elif not seen["recent"]:
-        reasons.append(
-            f"no beat replica{where} ticked within {max_tick_age:g} s "
-            f"(newest tick {seen['newest_age']:.0f} s ago)"
-        )
-    if late["count"]:
-        oldest = overdue.order_by("due_at", "pk").values_list(
-            "periodic_task_name", "scheduled_for"
-        )[0]
-        runs = "1 run" if late["count"] == 1 else f"{late['count']} runs"
-        reasons.append(
-            f"{runs} pending more than {max_overdue:g} s past the slot (oldest: {oldest[0]!r} "
-            f"scheduled for {oldest[1].isoformat(timespec='milliseconds')})"
-        )
+    found = (_replicas_reason(seen, where, max_tick_age), _pending_reason(max_overdue))
+    reasons = [reason for reason in found if reason]
     overdue_now = overdue_tasks(CLOSED_WINDOW.total_seconds())
     if overdue_now:
         names = ", ".join(repr(task.name) for task in overdue_now)
@@ -104,6 +83,36 @@ def check(max_tick_age: float, max_overdue: float, host: str | None = None) -> V
         True,
         f"ok: {live}{where} ticked within {max_tick_age:g} s; "
         f"no run pending more than {max_overdue:g} s past the slot{_closed_lately()}",
+    )
+
+
+def _replicas_reason(seen: dict, where: str, max_tick_age: float) -> str:
+    """Why the replicas counted in ``seen`` are unhealthy, or "" (ages in seconds)."""
+    if not seen["total"]:
+        return f"no beat replica{where} has ever ticked"
+    if not seen["running"]:
+        return f"every beat replica{where} is stopped ({seen['total']} stopped)"
+    if not seen["recent"]:
+        return (
+            f"no beat replica{where} ticked within {max_tick_age:g} s "
+            f"(newest tick {seen['newest_age']:.0f} s ago)"
+        )
+    return ""
+
+
+def _pending_reason(max_overdue: float) -> str:
+    """The runs still pending more than ``max_overdue`` seconds after their due moment, or ""."""
+    overdue = Run.objects.pending().filter(
+        due_at__lt=ClockTimestamp() - timedelta(seconds=max_overdue)
+    )
+    late = overdue.aggregate(count=Count("pk"))
+    if not late["count"]:
+        return ""
+    oldest = overdue.order_by("due_at", "pk").values_list("periodic_task_name", "scheduled_for")[0]
+    runs = "1 run" if late["count"] == 1 else f"{late['count']} runs"
+    return (
+        f"{runs} pending more than {max_overdue:g} s past the slot (oldest: {oldest[0]!r} "
+        f"scheduled for {oldest[1].isoformat(timespec='milliseconds')})"
     )
 
 

@@ -19,21 +19,19 @@ from datetime import datetime, timedelta
 from functools import cached_property, partial
 from typing import Any
 
-from celery import schedules
-from django.db import (
-    DatabaseError,
-    IntegrityError,
-    InterfaceError,
-    OperationalError,
-    transaction,
-)
-from django_celery_beat.models import PeriodicTask
-from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django_celery_beat.schedulers import DatabaseScheduler
 from kombu.exceptions import OperationalError as KombuOperationalError
-from kombu.utils.json import dumps
 
 from scheduling import ledger, metrics, signals
 from scheduling.backoff import retry_delay
+from scheduling.beat_schedule import sync_beat_schedule
+from scheduling.broker_options import (
+    PUBLISH_SETTINGS,
+    broker_timeout_options,
+    pin_publish_settings,
+    publisher_confirm_options,
+)
 from scheduling.conf import conf
 from scheduling.exceptions import PublishFailed, describe
 from scheduling.messages import Message
@@ -44,6 +42,18 @@ from scheduling.replicas import Heartbeat
 from scheduling.retention import BuiltinPrune
 
 logger = logging.getLogger(__name__)
+
+#: The public names; the broker options and the beat schedule sync live in ``broker_options`` and
+#: ``beat_schedule`` and are importable from here as before.
+__all__ = [
+    "PUBLISH_SETTINGS",
+    "TURN_PATIENCE",
+    "LedgerScheduler",
+    "broker_timeout_options",
+    "pin_publish_settings",
+    "publisher_confirm_options",
+    "sync_beat_schedule",
+]
 
 _UNSEEN = object()
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
@@ -418,62 +428,6 @@ class _Unbuffered:
         """Nothing is held back: every publish was sent when it was made."""
 
 
-#: The Celery settings ``send_task`` reads at every publish (Celery 5.7), and those the replica's
-#: ``publisher.RunPublisher`` reads to build a message (a template, or a run with an expiry).
-PUBLISH_SETTINGS = (
-    "task_always_eager", "task_repr_maxlevels", "task_send_sent_event",
-    "broker_pool_acquire_timeout", "task_default_queue", "task_protocol",
-)
-
-
-def pin_publish_settings(app: Any) -> None:
-    """Write the current value of each of ``PUBLISH_SETTINGS`` into ``app``'s own configuration.
-
-    With ``config_from_object("django.conf:settings", namespace="CELERY")``, as Celery's Django
-    guide has it, a setting the project leaves at its default is looked up in Django's settings
-    under each of its names, every miss an exception, before Celery's defaults are reached: six
-    such reads a message were a fifth of a replica's CPU in a burst (issue 17's profile). The
-    values stay what they were; Celery finds them first. Set them on the app, or in the settings
-    before the replica starts. A name this Celery has no setting for is left out.
-    """
-    for name in PUBLISH_SETTINGS:
-        try:
-            value = app.conf[name]
-        except KeyError:  # not a setting of this Celery (5.5 has neither of the two middle ones)
-            continue
-        app.conf[name] = value
-
-
-def broker_timeout_options(driver_type: str, timeout: float) -> dict[str, Any]:
-    """Return kombu transport options bounding connect and socket waits to ``timeout`` seconds.
-
-    ``driver_type`` is the kombu transport's (``redis``, ``amqp``, ``sql``); other transports get
-    no options. The SQL transport passes them to SQLAlchemy's ``create_engine``: libpq's
-    ``connect_timeout`` (whole seconds, at least 2) and a ping before reusing a pooled connection.
-    """
-    if driver_type == "redis":
-        return {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    if driver_type == "amqp":
-        return {"read_timeout": timeout, "write_timeout": timeout}
-    if driver_type == "sql":
-        return {"connect_args": {"connect_timeout": max(2, round(timeout))}, "pool_pre_ping": True}
-    return {}
-
-
-def publisher_confirm_options(driver_type: str) -> dict[str, Any]:
-    """Return kombu transport options that make a publish wait for the broker's acceptance.
-
-    On AMQP (``driver_type`` ``amqp``, py-amqp) ``confirm_publish`` puts every channel of the
-    connection in confirm mode: ``basic.publish`` then waits for the broker's ``basic.ack``, and
-    a ``basic.nack`` or a channel error raises instead of the message being dropped unseen. Each
-    publish costs one round trip more. Redis and kombu's SQL transport need nothing: their
-    publish returns after the server's reply (Redis's to the push, PostgreSQL's to the commit).
-    """
-    if driver_type == "amqp":
-        return {"confirm_publish": True}
-    return {}
-
-
 @contextmanager
 def _stop_signals_deferred() -> Iterator[None]:
     """Hold SIGTERM, SIGINT and SIGQUIT until the claim transaction has ended.
@@ -490,81 +444,3 @@ def _stop_signals_deferred() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def sync_beat_schedule(beat_schedule: dict[str, dict[str, Any]]) -> None:
-    """Create or update a periodic task for each ``CELERY_BEAT_SCHEDULE`` entry, idempotently.
-
-    Replicas sync one at a time (``ledger.beat_schedule_sync``, a transaction-level advisory
-    lock), so N replicas starting at once create each task and schedule row once. An entry whose
-    task already matches writes nothing, so it moves no change marker and triggers no reload; a
-    task whose schedule row is an equal duplicate (same fields) counts as matching. A failing
-    entry is rolled back to its savepoint and logged; the others are still synced.
-    """
-    with ledger.beat_schedule_sync():
-        for name, entry in beat_schedule.items():
-            try:
-                with transaction.atomic():
-                    _sync_entry(name, dict(entry))
-            except Exception:  # noqa: BLE001 - one bad entry must not stop the others
-                logger.exception(
-                    "cannot sync beat_schedule entry %r", name, extra={"action": "sync"}
-                )
-
-
-_SCHEDULE_FIELDS = ("interval", "crontab", "solar", "clocked")
-
-
-def _sync_entry(name: str, entry: dict[str, Any]) -> None:
-    existing = PeriodicTask.objects.filter(name=name).first()
-    model_schedule, model_field = _model_schedule(
-        schedules.maybe_schedule(entry["schedule"]), existing
-    )
-    fields: dict[str, Any] = ModelEntry._unpack_options(**(entry.get("options") or {}))
-    fields.update(
-        task=entry["task"],
-        args=dumps(entry.get("args") or []),
-        kwargs=dumps(entry.get("kwargs") or {}),
-        **{f: (model_schedule if f == model_field else None) for f in _SCHEDULE_FIELDS},
-    )
-    if existing is not None and _matches(existing, fields):
-        return
-    try:
-        with transaction.atomic():
-            PeriodicTask.objects.update_or_create(name=name, defaults=fields)
-    except IntegrityError:  # created meanwhile outside the sync lock (the admin, a script)
-        logger.debug("beat_schedule entry %r created by someone else", name)
-
-
-def _model_schedule(schedule: Any, existing: PeriodicTask | None) -> tuple[Any, str]:
-    """Return the schedule row for a Celery schedule, saving it only when it is new.
-
-    The existing task's own row is kept when it has the same fields (a duplicate row made by an
-    older, unserialized sync must not make the task flip between rows).
-    """
-    for schedule_type, model_type, model_field in ModelEntry.model_schedules:
-        if isinstance(schedule, schedule_type):
-            row = model_type.from_schedule(schedule)
-            current = getattr(existing, model_field, None) if existing is not None else None
-            if current is not None and _same_row(current, row):
-                return current, model_field
-            if row.pk is None:
-                row.save()
-            return row, model_field
-    raise ValueError(f"cannot store schedule {schedule!r} as a periodic task schedule")
-
-
-def _same_row(current: Any, candidate: Any) -> bool:
-    """Whether two schedule rows of one model have the same field values (ids aside)."""
-    names = [f.attname for f in type(current)._meta.concrete_fields if not f.primary_key]
-    return all(str(getattr(current, n)) == str(getattr(candidate, n)) for n in names)
-
-
-def _matches(task: PeriodicTask, fields: dict[str, Any]) -> bool:
-    for key, value in fields.items():
-        if key in _SCHEDULE_FIELDS:
-            if getattr(task, f"{key}_id") != (value.pk if value is not None else None):
-                return False
-        elif getattr(task, key) != value:
-            return False
-    return True

@@ -4,8 +4,9 @@ transaction.
 The claim is the row lock of ``SELECT ... FOR UPDATE SKIP LOCKED`` (the statement ``claim`` of
 ``scheduling/sql/queries.sql``; its rows become ``claimed.ClaimedRun``), so it lives exactly as
 long as this transaction: commit, rollback, or the connection dying all end it (invariant 2).
-Each claimed run is decided here in order: load error, deleted or disabled task, expiry, misfire
-policy and overlap policy (``policy``, pure), then publish.
+Each claimed run is decided by ``decision.decide`` (pure: load error, deleted or disabled task,
+expiry, pause, misfire policy, overlap policy) and the decision is applied in one place
+(``_Batch.apply``): publish, close, record missed or skipped, then plan the next slot.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
-from scheduling import slots
 from scheduling.conf import conf
 from scheduling.durations import seconds
-from scheduling.exceptions import PublishFailed, RunRejected, ScheduleError
+from scheduling.exceptions import PublishFailed, RunRejected
 from scheduling.ledger.bookkeeping import TaskBook
 from scheduling.ledger.changes import note_unplanned
 from scheduling.ledger.claimed import ClaimedRun, ClaimedTask, claim_rows, claimed_runs
-from scheduling.ledger.policy import MisfireDecision, misfire, one_off_misfire, overlap
+from scheduling.ledger.decision import Decision, Kind, decide
 from scheduling.ledger.writes import (
     ERROR_LIMIT,
     TaskUpdate,
@@ -113,81 +113,189 @@ def claim_and_dispatch(
         if not claimed:
             return []
         _load_pauses(claimed, using)
-        claimed_at, started = claimed[0].db_now, time.monotonic()
-        following: list[tuple[ClaimedTask, datetime]] = []
-        missed: list[Run] = []
-        task_updates: dict[int, TaskUpdate] = {}
-        busy: set[int] = set()
-        unplanned: set[int] = set()
-        unsent: list[ClaimedRun] = []
-        default_stale = conf.overlap_stale_seconds
-
-        def send() -> None:
-            if flush is not None and unsent:
-                _flush(flush, unsent)
-                sent_at = claimed_at + timedelta(seconds=time.monotonic() - started)
-                for published in unsent:
-                    published.dispatched_at = sent_at
-            unsent.clear()
-
+        batch = _Batch(publish, flush, replica_id, grace, claimed[0].db_now)
         for run in claimed:
-            now = claimed_at + timedelta(seconds=time.monotonic() - started)
-            if not run.load_error:
-                run.overlap = overlap(
-                    run.periodic_task, run.trigger, run.scheduled_for,
-                    in_batch=run.periodic_task_id in busy, busy_since=run.busy_since,
-                    now=run.db_now, default_stale=default_stale,
-                )
-            mark = len(missed)  # rows after it: the slots this run's misfire records missed
-            try:
-                nxt, over = _dispatch_one(run, publish, now, grace, replica_id, missed)
-            except PublishFailed:
-                raise  # the broker: roll the whole claim back
-            except Exception as exc:  # noqa: BLE001 - one bad row must not stop the batch
-                logger.exception(
-                    "cannot dispatch run %s of %r", run.task_id, run.periodic_task_name,
-                    extra={"action": "dispatch_failed"},
-                )
-                close(run, Run.Status.FAILED, Run.Reason.DISPATCH_ERROR, now, error=repr(exc))
-                nxt, over = None, False
-            run.missed_after = sum(row.slots for row in missed[mark:])
-            if run.status == Run.Status.DISPATCHED:
-                unsent.append(run)
-                if len(unsent) >= FLUSH_EVERY:
-                    send()
-                if run.periodic_task_id is not None:
-                    busy.add(run.periodic_task_id)
-            task = run.periodic_task
-            if task is None or run.trigger != Run.Trigger.SCHEDULE:
-                continue
-            update = task_updates.setdefault(task.pk, TaskUpdate())
-            if run.status == Run.Status.DISPATCHED:
-                update.ran(run.scheduled_for)
-            update.disable = update.disable or over
-            if nxt is not None:
-                following.append((task, nxt))
-            elif (
-                not over and task.enabled and run.status != Run.Status.CANCELLED
-                and run.pause is None
-            ):
-                unplanned.add(task.pk)  # its schedule gave no next slot: reconcile says why
-        send()
-        # Not in a psycopg pipeline: after one, PostgreSQL did not end the session when it then
-        # sat idle in the transaction, and that bound is what frees a frozen replica's claim.
-        update_runs(claimed, _CLAIM_FIELDS, using)
-        insert_runs(missed, using)
-        insert_pending(following, using)
-        owed = {pk: u for pk, u in task_updates.items() if book is not None and not u.disable}
-        update_tasks({pk: u for pk, u in task_updates.items() if pk not in owed}, using)
-        if book is not None:
-            book.owe(owed, using)  # durable with the dispatches it counts
-        if unplanned:
-            note_unplanned(unplanned, using)
+            batch.take(run)
+        batch.send()
+        batch.write(claimed, book, using)
         _link_pauses(claimed, using)
     result = [_dispatched(run) for run in claimed]
     for done in result:
         _log(done, replica_id)
     return result
+
+
+class _Batch:
+    """One claim's working state: what it decided, published and owes the ledger."""
+
+    def __init__(
+        self,
+        publish: Publish,
+        flush: Callable[[], None] | None,
+        replica_id: str,
+        grace: timedelta,
+        claimed_at: datetime,
+    ) -> None:
+        self.publish, self.flush, self.replica_id, self.grace = publish, flush, replica_id, grace
+        self.claimed_at, self.started = claimed_at, time.monotonic()
+        self.default_stale = conf.overlap_stale_seconds
+        self.following: list[tuple[ClaimedTask, datetime]] = []
+        self.missed: list[Run] = []
+        self.task_updates: dict[int, TaskUpdate] = {}
+        self.busy: set[int] = set()  # tasks with a run dispatched in this claim
+        self.unplanned: set[int] = set()
+        self.unsent: list[ClaimedRun] = []
+
+    def now(self) -> datetime:
+        """The database clock now: the claim's reading plus the time spent since (aware UTC)."""
+        return self.claimed_at + timedelta(seconds=time.monotonic() - self.started)
+
+    def take(self, run: ClaimedRun) -> None:
+        """Decide one claimed run, apply the decision, and account for it on its task."""
+        now = self.now()
+        run.claimed_by = self.replica_id
+        mark = len(self.missed)  # rows after it: the slots this run's misfire records missed
+        try:
+            decision = self.decide(run, now)
+            self.apply(run, decision, now)
+        except PublishFailed:
+            raise  # the broker: roll the whole claim back
+        except Exception as exc:  # noqa: BLE001 - one bad row must not stop the batch
+            logger.exception(
+                "cannot dispatch run %s of %r", run.task_id, run.periodic_task_name,
+                extra={"action": "dispatch_failed"},
+            )
+            decision = Decision(
+                Kind.CLOSE, Run.Status.FAILED, Run.Reason.DISPATCH_ERROR, error=repr(exc)
+            )
+            self.apply(run, decision, now)
+        run.missed_after = sum(row.slots for row in self.missed[mark:])
+        self.account(run, decision)
+
+    def decide(self, run: ClaimedRun, now: datetime) -> Decision:
+        """``decision.decide`` on the claimed run's fields; logs why it failed or has no next
+        slot."""
+        if run.load_error:
+            logger.error(
+                "run %s failed: %s", run.task_id, run.load_error, extra={"action": "load_failed"}
+            )
+        decision = decide(
+            run.periodic_task, trigger=run.trigger, slot=run.scheduled_for, due=run.due_at,
+            now=now, grace=self.grace, default_stale=self.default_stale,
+            load_error=run.load_error, pause=run.pause,
+            in_batch=run.periodic_task_id in self.busy, busy_since=run.busy_since,
+        )
+        if decision.plan_error:
+            logger.error(
+                "cannot plan the run after %s of %r: %s", run.scheduled_for,
+                getattr(run.periodic_task, "name", ""), decision.plan_error,
+                extra={"action": "plan"},
+            )
+        return decision
+
+    def apply(self, run: ClaimedRun, decision: Decision, now: datetime) -> None:
+        """Write ``decision`` onto the claimed run: the one place a decision takes effect."""
+        run.misfire = decision.misfire
+        if decision.slots is not None:
+            run.slots = decision.slots
+        match decision.kind:
+            case Kind.DISPATCH:
+                if decision.reason is not None:
+                    run.reason = decision.reason
+                self.dispatch(run, now)
+            case Kind.MISS:
+                close(run, decision.status, decision.reason or "", now)
+                self.record_missed(run, decision, now)
+            case Kind.CLOSE | Kind.SKIP:
+                close(run, decision.status, decision.reason or "", now, error=decision.error)
+
+    def dispatch(self, run: ClaimedRun, now: datetime) -> None:
+        """Publish the run (failed when its message is rejected) and mark it dispatched."""
+        task = run.periodic_task
+        assert task is not None
+        try:
+            message = build_message(run, task, now)
+            try:
+                self.publish(message)
+            except RunRejected:
+                raise
+            except Exception as exc:
+                raise PublishFailed(f"cannot publish run {run.task_id}: {exc}") from exc
+        except RunRejected as exc:
+            logger.error(
+                "run of %r at %s rejected: %s", task.name, run.scheduled_for, exc,
+                extra={"action": "reject"},
+            )
+            close(run, Run.Status.FAILED, Run.Reason.REJECTED, now, error=str(exc))
+            return
+        run.status = Run.Status.DISPATCHED
+        run.dispatched_at = now
+        self.unsent.append(run)
+        if len(self.unsent) >= FLUSH_EVERY:
+            self.send()
+        self.busy.add(task.pk)
+
+    def record_missed(self, run: ClaimedRun, decision: Decision, now: datetime) -> None:
+        """Queue the rows of the slots a misfire records missed after the run, and log it."""
+        task, late = run.periodic_task, decision.misfire
+        assert task is not None and late is not None
+        rows = [
+            planned_run(
+                task, slot, status=Run.Status.MISSED, reason=late.reason,
+                claimed_by=self.replica_id, finished_at=now,
+            )
+            for slot in late.missed
+        ]
+        if rows:
+            rows[-1].slots = late.last_row_slots
+        self.missed.extend(rows)
+        policy = task.scheduling_policy
+        logger.warning(
+            "misfire of %r: %d slots from %s recorded missed (%s policy)",
+            task.name, late.misfired_slots, run.scheduled_for,
+            policy.misfire_policy if policy is not None else "", extra={"action": "misfire"},
+        )
+
+    def account(self, run: ClaimedRun, decision: Decision) -> None:
+        """Owe a scheduled run's task its bookkeeping, and plan its next slot (or say why not)."""
+        task = run.periodic_task
+        if task is None or run.trigger != Run.Trigger.SCHEDULE:
+            return
+        update = self.task_updates.setdefault(task.pk, TaskUpdate())
+        if run.status == Run.Status.DISPATCHED:
+            update.ran(run.scheduled_for)
+        update.disable = update.disable or decision.over
+        if decision.next_slot is not None:
+            self.following.append((task, decision.next_slot))
+        elif (
+            not decision.over and task.enabled and run.status != Run.Status.CANCELLED
+            and run.pause is None
+        ):
+            self.unplanned.add(task.pk)  # its schedule gave no next slot: reconcile says why
+
+    def send(self) -> None:
+        """Flush what the publisher holds; each flushed run is dispatched when it returned."""
+        if self.flush is not None and self.unsent:
+            _flush(self.flush, self.unsent)
+            sent_at = self.now()
+            for published in self.unsent:
+                published.dispatched_at = sent_at
+        self.unsent.clear()
+
+    def write(self, claimed: list[ClaimedRun], book: TaskBook | None, using: str) -> None:
+        """Write the claim's outcomes: the runs, the missed rows, the next slots, the tasks."""
+        # Not in a psycopg pipeline: after one, PostgreSQL did not end the session when it then
+        # sat idle in the transaction, and that bound is what frees a frozen replica's claim.
+        update_runs(claimed, _CLAIM_FIELDS, using)
+        insert_runs(self.missed, using)
+        insert_pending(self.following, using)
+        updates = self.task_updates
+        owed = {pk: u for pk, u in updates.items() if book is not None and not u.disable}
+        update_tasks({pk: u for pk, u in updates.items() if pk not in owed}, using)
+        if book is not None:
+            book.owe(owed, using)  # durable with the dispatches it counts
+        if self.unplanned:
+            note_unplanned(self.unplanned, using)
 
 
 def _dispatched(run: ClaimedRun) -> Dispatched:
@@ -281,118 +389,3 @@ def close(run: ClaimedRun, status: str, reason: str, now: datetime, error: str =
     run.reason = reason
     run.error = error[:ERROR_LIMIT]
     run.finished_at = now
-
-
-def _dispatch_one(
-    run: ClaimedRun,
-    publish: Publish,
-    now: datetime,
-    grace: timedelta,
-    replica_id: str,
-    missed: list[Run],
-) -> tuple[datetime | None, bool]:
-    """Decide one claimed run, publish it unless it ends here, and set its outcome fields.
-
-    Returns ``(next slot to plan or None, whether the task's schedule is over)``. A schedule that
-    fails to give a next slot is logged and left enabled; the reconcile pass records its error.
-    Rows for slots a misfire records as missed are appended to ``missed`` (to be inserted).
-    """
-    run.claimed_by = replica_id
-    if run.load_error:
-        logger.error(
-            "run %s failed: %s", run.task_id, run.load_error, extra={"action": "load_failed"}
-        )
-        close(run, Run.Status.FAILED, Run.Reason.INVALID_SCHEDULE, now, error=run.load_error)
-        return None, False
-    task = run.periodic_task
-    if task is None:
-        close(run, Run.Status.CANCELLED, Run.Reason.TASK_DELETED, now)
-        return None, False
-    scheduled = run.trigger == Run.Trigger.SCHEDULE
-    if scheduled and not task.enabled:
-        close(run, Run.Status.CANCELLED, Run.Reason.TASK_DISABLED, now)
-        return None, False
-    if scheduled and task.expires is not None and run.scheduled_for >= task.expires:
-        close(run, Run.Status.CANCELLED, Run.Reason.TASK_EXPIRED, now)
-        return None, True
-    if run.pause is not None:  # paused: no dispatch, nothing planned until the resume
-        pause = run.pause
-        close(run, Run.Status.SKIPPED, Run.Reason.paused(pause.paused_by, pause.why), now)
-        return None, False
-    nxt: datetime | None = None
-    over = scheduled and task.one_off
-    if over:
-        run.misfire = one_off_misfire(task, run.scheduled_for, now, grace, run.due_at)
-        if run.misfire is not None and run.misfire.dispatches:
-            run.reason = run.misfire.reason
-        elif run.misfire is not None:
-            close(run, Run.Status.MISSED, run.misfire.reason, now)
-            return None, True
-    if scheduled and not task.one_off:
-        try:
-            run.misfire = misfire(task, run.scheduled_for, now, grace, run.due_at)
-            if run.misfire is None:
-                nxt = slots.next_run(task, run.scheduled_for)
-            else:
-                nxt = run.misfire.next_slot
-                _apply_misfire(run, run.misfire, now, replica_id, missed)
-            over = nxt is None
-        except ScheduleError as exc:
-            logger.error(
-                "cannot plan the run after %s of %r: %s", run.scheduled_for, task.name, exc,
-                extra={"action": "plan"},
-            )
-        if run.status == Run.Status.MISSED:
-            return nxt, over
-    if run.overlap:  # overlap policy skip
-        close(run, Run.Status.SKIPPED, run.overlap, now)
-        return nxt, over
-    try:
-        message = build_message(run, task, now)
-        try:
-            publish(message)
-        except RunRejected:
-            raise
-        except Exception as exc:
-            raise PublishFailed(f"cannot publish run {run.task_id}: {exc}") from exc
-    except RunRejected as exc:
-        logger.error(
-            "run of %r at %s rejected: %s", task.name, run.scheduled_for, exc,
-            extra={"action": "reject"},
-        )
-        close(run, Run.Status.FAILED, Run.Reason.REJECTED, now, error=str(exc))
-        return nxt, over
-    run.status = Run.Status.DISPATCHED
-    run.dispatched_at = now
-    return nxt, over
-
-
-def _apply_misfire(
-    run: ClaimedRun,
-    decision: MisfireDecision,
-    now: datetime,
-    replica_id: str,
-    missed: list[Run],
-) -> None:
-    """Write a misfire decision onto the claimed run, and queue the rows of its missed slots."""
-    task = run.periodic_task
-    assert task is not None
-    if decision.dispatches:
-        run.reason, run.slots = decision.reason, decision.slots
-        return
-    close(run, Run.Status.MISSED, decision.reason, now)
-    rows = [
-        planned_run(
-            task, slot, status=Run.Status.MISSED, reason=decision.reason, claimed_by=replica_id,
-            finished_at=now,
-        )
-        for slot in decision.missed
-    ]
-    if rows:
-        rows[-1].slots = decision.last_row_slots
-    missed.extend(rows)
-    logger.warning(
-        "misfire of %r: %d slots from %s recorded missed (%s policy)",
-        task.name, decision.misfired_slots, run.scheduled_for,
-        task.scheduling_policy.misfire_policy, extra={"action": "misfire"},
-    )

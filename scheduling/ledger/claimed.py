@@ -131,8 +131,8 @@ class ClaimedRun:
     unfinished run of the same task (read for overlap policy skip only); ``pause_id`` the task's
     open pause (``Pause``), None when it is not paused, and ``pause`` that row, loaded by the
     claim for the paused runs only. ``periodic_task`` is None when the task was deleted. The
-    claim fills in ``load_error`` (the task's schedule cannot be loaded), ``overlap`` (why
-    overlap policy skips it), ``misfire`` (the misfire decision) and ``missed_after`` (slots
+    claim fills in ``load_error`` (the task's schedule cannot be loaded), ``misfire`` (the
+    misfire policy's decision, from ``decision.Decision``) and ``missed_after`` (slots
     recorded missed after it).
     """
 
@@ -141,7 +141,7 @@ class ClaimedRun:
         "id", "periodic_task_id", "periodic_task_name", "trigger", "scheduled_for", "due_at",
         "task_id", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at",
         "db_now", "busy_since", "pause_id", "status", "periodic_task", "pause", "load_error",
-        "overlap", "misfire", "missed_after",
+        "misfire", "missed_after",
     )
 
     def __init__(self, row: Sequence[object], task: ClaimedTask | None, load_error: str) -> None:
@@ -155,7 +155,6 @@ class ClaimedRun:
         self.periodic_task = task
         self.pause: Pause | None = None
         self.load_error = load_error
-        self.overlap = ""
         self.misfire: MisfireDecision | None = None
         self.missed_after = 0
 

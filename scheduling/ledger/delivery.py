@@ -135,11 +135,7 @@ def redeliver(
             if _redeliver_one(runs[pk], republisher, now, done):
                 sent.append(runs[pk])
         if sent and republisher.flush is not None:
-            try:
-                republisher.flush()
-            except Exception as exc:
-                names = ", ".join(run.task_id for run in sent)
-                raise PublishFailed(f"cannot re-publish runs {names}: {exc}") from exc
+            _flush(republisher.flush, sent)
         update_runs([runs[pk] for pk in taken], _FIELDS, using)
         _append_events(sent, now, using)
     done.deferred = len(ids) - len(taken)
@@ -149,6 +145,15 @@ def redeliver(
             done.reasons[run.task_id] = run.reason
     _log(done, runs, republisher.replica_id)
     return done
+
+
+def _flush(flush: Callable[[], None], sent: list[Run]) -> None:
+    """Send what the republisher holds; raise PublishFailed naming ``sent`` if that fails."""
+    try:
+        flush()
+    except Exception as exc:
+        names = ", ".join(run.task_id for run in sent)
+        raise PublishFailed(f"cannot re-publish runs {names}: {exc}") from exc
 
 
 def _append_events(sent: list[Run], now: datetime, using: str) -> None:

@@ -82,6 +82,20 @@ def close_lost_executions(lost: LostExecutions, using: str = "default") -> list[
             lost.recoverable.append((pk, n))
     if not closing:
         return []
+    closed = _close_lost(closing, using)
+    for pk, executions, task_id, name in closed:
+        lost.first_seen.pop((pk, executions), None)
+        logger.error(
+            "run %s of %r failed: worker lost (its execution lock was free for %g s)",
+            task_id, name, after, extra={"action": "worker_lost"},
+        )
+    lost.closed = [(task_id, name) for _, _, task_id, name in closed]
+    return [task_id for task_id, _ in lost.closed]
+
+
+def _close_lost(closing: list[tuple[int, int, str]], using: str) -> list[tuple]:
+    """Close the runs ``(id, executions, error)`` as failed, worker lost, where their lock is
+    still free; return ``(id, executions, task id, task name)`` of those closed."""
     with connections[using].cursor() as cursor:
         cursor.execute(
             queries["close_lost"],
@@ -92,15 +106,7 @@ def close_lost_executions(lost: LostExecutions, using: str = "default") -> list[
                 [error for _, _, error in closing],
             ],
         )
-        closed = cursor.fetchall()
-    for pk, executions, task_id, name in closed:
-        lost.first_seen.pop((pk, executions), None)
-        logger.error(
-            "run %s of %r failed: worker lost (its execution lock was free for %g s)",
-            task_id, name, after, extra={"action": "worker_lost"},
-        )
-    lost.closed = [(task_id, name) for _, _, task_id, name in closed]
-    return [task_id for task_id, _ in lost.closed]
+        return cursor.fetchall()
 
 
 def _lost_error(after: float, outcome: str) -> str:

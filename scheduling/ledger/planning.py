@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.core.exceptions import ValidationError
 from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
@@ -45,10 +45,39 @@ def plan_missing(
     constraints, and not counted). A task whose schedule cannot produce a slot gets one failed run
     with the error (once per distinct error) and keeps its other runs' history.
     """
+    planned = 0
+    now = database_now(using)
+    batch: list[tuple[PeriodicTask, datetime]] = []
+    failed: list[Run] = []
+    finished: list[tuple[int, str]] = []
+    for task in _iterate_tasks(_unplanned_tasks(using, only), chunk_size, using):
+        slot = _first_slot(task, now, grace, failed)
+        if slot is None:
+            continue
+        if slot is _OVER:
+            finished.append((task.pk, task.name))
+            continue
+        batch.append((task, slot))
+        if len(batch) >= chunk_size:
+            planned += insert_pending(batch, using)
+            batch = []
+    planned += insert_pending(batch, using) + insert_runs(failed, using)
+    if finished:
+        _disable_finished(finished, using)
+    return planned
+
+
+#: ``_first_slot``'s answer for a task whose schedule is over (expired, or its one run done).
+_OVER = datetime.max.replace(tzinfo=UTC)
+
+
+def _unplanned_tasks(using: str, only: Q | None) -> QuerySet[PeriodicTask]:
+    """The enabled, unpaused tasks without a pending scheduled run, with their latest slot and
+    its error (``last_slot``, ``last_error``), ordered by id."""
     pending = Run.objects.scheduled().pending().filter(periodic_task=OuterRef("pk"))
     paused = Pause.objects.open().filter(periodic_task=OuterRef("pk"))
     latest = Run.objects.latest_scheduled().filter(periodic_task=OuterRef("pk"))
-    tasks = (
+    return (
         PeriodicTask.objects.using(using)
         .filter(Q(enabled=True) & (only if only is not None else Q()))
         .exclude(Exists(pending))
@@ -60,50 +89,46 @@ def plan_missing(
         .select_related(*TASK_RELATED, "scheduling_policy")
         .order_by("pk")
     )
-    planned = 0
-    now = database_now(using)
-    batch: list[tuple[PeriodicTask, datetime]] = []
-    failed: list[Run] = []
-    finished: list[tuple[int, str]] = []
-    for task in _iterate_tasks(tasks, chunk_size, using):
-        if isinstance(task, _Unloadable):
-            if task.last_error != task.error:
-                logger.error(
-                    "cannot load periodic task %r (id %s): %s", task.task.name, task.pk, task.error,
-                    extra={"action": "plan"},
-                )
-                failed.append(failed_plan(task.task, now, task.error))
-            continue
-        try:
-            slot = slots.initial_run(
-                task, now, last_slot=task.last_slot, grace=task_grace(task, grace)
+
+
+def _first_slot(
+    task: PeriodicTask | _Unloadable, now: datetime, grace: timedelta, failed: list[Run]
+) -> datetime | None:
+    """The slot to plan for ``task``: ``_OVER`` when its schedule is over, None when it cannot be
+    planned (a failed run with the error is appended to ``failed``, once per distinct error)."""
+    if isinstance(task, _Unloadable):
+        if task.last_error != task.error:
+            logger.error(
+                "cannot load periodic task %r (id %s): %s", task.task.name, task.pk, task.error,
+                extra={"action": "plan"},
             )
-        except ScheduleError as exc:
-            if task.last_error != str(exc):
-                logger.error(
-                    "cannot plan periodic task %r: %s", task.name, exc, extra={"action": "plan"}
-                )
-                failed.append(failed_plan(task, now, str(exc)))
-            continue
-        if slot is None:
-            finished.append((task.pk, task.name))
-            continue
-        batch.append((task, slot))
-        if len(batch) >= chunk_size:
-            planned += insert_pending(batch, using)
-            batch = []
-    planned += insert_pending(batch, using) + insert_runs(failed, using)
-    if finished:
-        PeriodicTask.objects.using(using).filter(pk__in=[pk for pk, _ in finished]).update(
-            enabled=False
+            failed.append(failed_plan(task.task, now, task.error))
+        return None
+    try:
+        slot = slots.initial_run(
+            task, now, last_slot=task.last_slot, grace=task_grace(task, grace)
         )
-        names = ", ".join(repr(name) for _, name in finished[:10])
-        more = f" and {len(finished) - 10} more" if len(finished) > 10 else ""
-        logger.info(
-            "disabled %d periodic tasks whose schedule is over (expired, or its one run done):"
-            " %s%s", len(finished), names, more, extra={"action": "disable"},
-        )
-    return planned
+    except ScheduleError as exc:
+        if task.last_error != str(exc):
+            logger.error(
+                "cannot plan periodic task %r: %s", task.name, exc, extra={"action": "plan"}
+            )
+            failed.append(failed_plan(task, now, str(exc)))
+        return None
+    return _OVER if slot is None else slot
+
+
+def _disable_finished(finished: list[tuple[int, str]], using: str) -> None:
+    """Disable the tasks ``(id, name)`` whose schedule is over, and log their names."""
+    PeriodicTask.objects.using(using).filter(pk__in=[pk for pk, _ in finished]).update(
+        enabled=False
+    )
+    names = ", ".join(repr(name) for _, name in finished[:10])
+    more = f" and {len(finished) - 10} more" if len(finished) > 10 else ""
+    logger.info(
+        "disabled %d periodic tasks whose schedule is over (expired, or its one run done):"
+        " %s%s", len(finished), names, more, extra={"action": "disable"},
+    )
 
 
 #: Errors Django raises while turning a bad row into a model (not database errors).

@@ -113,6 +113,20 @@ def misfire(
         return MisfireDecision(
             MisfireDecision.COALESCED, Run.Reason.coalesced(1 + missed), nxt, slots=1 + missed
         )
+    return _skip_or_catch_up(task, policy, slot, now, grace, lateness)
+
+
+def _skip_or_catch_up(
+    task: PeriodicTask,
+    policy: TaskPolicy,
+    slot: datetime,
+    now: datetime,
+    grace: timedelta,
+    lateness: timedelta,
+) -> MisfireDecision:
+    """Misfire policy skip or catch_up on a run of ``slot``, ``lateness`` late, past ``grace``,
+    at ``now`` (``misfire``'s rules)."""
+    kind = policy.misfire_policy
     later, following = slots.slots_through(
         task, slot, now - grace, cap=SLOTS_COLUMN_MAX - MISSED_ROWS_LIMIT
     )

@@ -162,40 +162,52 @@ def replan_edited(
         named = affected(changed, prefix="periodic_task__")
     with transaction.atomic(using=using):
         now = database_now(using)
-        edited = list(
-            Run.objects.using(using)
-            .pending()
-            .scheduled()
-            .filter(
-                named, _STALE, periodic_task__enabled=True, due_at__gt=ClockTimestamp()
-            )
-            .annotate(last_slot=Subquery(_last_slot_of_task()))
-            .select_related(*SCHEDULE_RELATED, "periodic_task__scheduling_policy")
-            .select_for_update(skip_locked=True, of=("self",))
-        )
-        moved: list[int] = []
-        replacements: list[tuple[PeriodicTask, datetime]] = []
-        for run in edited:
-            task = run.periodic_task
-            try:
-                slot = slots.initial_run(task, now, last_slot=run.last_slot, grace=timedelta(0))
-            except ScheduleError:
-                slot = None  # plan_missing records the schedule's error
-            if slot == run.scheduled_for:
-                continue
-            moved.append(run.pk)
-            if slot is not None:
-                replacements.append((task, slot))
-            logger.info(
-                "re-planning %s after an edit: %s -> %s",
-                task.name, run.scheduled_for, slot, extra={"action": "replan"},
-            )
+        moved, replacements = _new_slots(_edited_runs(named, using), now)
         if moved:
             Run.objects.using(using).filter(pk__in=moved).update(
                 status=Run.Status.CANCELLED, reason=Run.Reason.SCHEDULE_EDITED,
                 finished_at=ClockTimestamp(),
             )
         insert_pending(replacements, using)
+
+
+def _edited_runs(named: Q, using: str) -> list[Run]:
+    """Lock (SKIP LOCKED) the pending, not yet due scheduled runs of enabled tasks that ``named``
+    selects, planned from an older definition, with their task's last slot (``last_slot``)."""
+    return list(
+        Run.objects.using(using)
+        .pending()
+        .scheduled()
+        .filter(named, _STALE, periodic_task__enabled=True, due_at__gt=ClockTimestamp())
+        .annotate(last_slot=Subquery(_last_slot_of_task()))
+        .select_related(*SCHEDULE_RELATED, "periodic_task__scheduling_policy")
+        .select_for_update(skip_locked=True, of=("self",))
+    )
+
+
+def _new_slots(
+    edited: list[Run], now: datetime
+) -> tuple[list[int], list[tuple[PeriodicTask, datetime]]]:
+    """Recompute each edited run's slot at ``now`` (aware UTC): the ids of the runs whose slot
+    moved, and the (task, new slot) to plan in their place."""
+    moved: list[int] = []
+    replacements: list[tuple[PeriodicTask, datetime]] = []
+    for run in edited:
+        task = run.periodic_task
+        try:
+            slot = slots.initial_run(task, now, last_slot=run.last_slot, grace=timedelta(0))
+        except ScheduleError:
+            slot = None  # plan_missing records the schedule's error
+        if slot == run.scheduled_for:
+            continue
+        moved.append(run.pk)
+        if slot is not None:
+            replacements.append((task, slot))
+        logger.info(
+            "re-planning %s after an edit: %s -> %s",
+            task.name, run.scheduled_for, slot, extra={"action": "replan"},
+        )
+    return moved, replacements
 
 
 #: A run planned from an older definition than its task's current one, or either unknown

@@ -1,0 +1,160 @@
+"""What the claim does with one claimed run, as a value: ``decide`` returns a ``Decision``.
+
+``decide`` is pure: it reads the claimed run's fields, its task (a ``claimed.ClaimedTask`` or a
+``PeriodicTask``, with its ``TaskPolicy`` as ``scheduling_policy``), the database clock the claim
+read and whether the task is busy, and returns one ``Decision``; it writes nothing, opens no
+transaction and reads no clock of its own. The claim (``scheduling.ledger.claim``) applies the
+decision in one place. The order of the rules: load error, deleted task, disabled task, expiry,
+pause, then the misfire policy (``policy.misfire``, ``policy.one_off_misfire``), then the overlap
+policy (``policy.overlap``). Rules: DESIGN.md "Run lifecycle" and "Time semantics".
+
+Overlap policy ``buffer_one`` (a run waiting for the busy one) is not a decision here: that
+policy does not exist yet.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from scheduling import slots
+from scheduling.exceptions import ScheduleError
+from scheduling.ledger.policy import MisfireDecision, misfire, one_off_misfire, overlap
+from scheduling.models import Run
+
+
+class Kind(enum.StrEnum):
+    """What happens to a claimed run."""
+
+    #: Publish it and commit it ``dispatched`` (a rejected publish still records it failed).
+    DISPATCH = "dispatch"
+    #: It ends here without a dispatch: ``failed`` or ``cancelled`` (``Decision.status``).
+    CLOSE = "close"
+    #: Misfire policy skip or catch_up: recorded ``missed``, with the later missed slots.
+    MISS = "miss"
+    #: Overlap policy skip, or a paused task: recorded ``skipped``.
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The claim's decision on one run.
+
+    ``status`` is the run's status once applied (``Run.Status``); ``reason`` the reason written
+    on it (None: the run's own is kept), ``error`` its error text, ``slots`` the slots it stands
+    for (None: kept). ``next_slot`` is the slot to plan after it (aware UTC; None: none is
+    planned), ``over`` whether its task's schedule ended with it (the task is disabled).
+    ``misfire`` is the misfire policy's decision when the run was late, and ``plan_error`` why
+    the schedule gave no next slot (a ``ScheduleError``; the run is decided as if on time).
+    """
+
+    kind: Kind
+    status: str
+    reason: str | None = None
+    error: str = ""
+    slots: int | None = None
+    next_slot: datetime | None = None
+    over: bool = False
+    misfire: MisfireDecision | None = None
+    plan_error: str = ""
+
+
+def decide(
+    task: Any,
+    *,
+    trigger: str,
+    slot: datetime,
+    due: datetime | None,
+    now: datetime,
+    grace: timedelta,
+    default_stale: float,
+    load_error: str = "",
+    pause: Any = None,
+    in_batch: bool = False,
+    busy_since: datetime | None = None,
+) -> Decision:
+    """Decide one claimed run of ``task`` (None: deleted) at ``slot`` with trigger ``trigger``.
+
+    ``due`` is the run's jittered due moment (None: ``slot``), ``now`` the database clock at the
+    decision, ``grace`` the default misfire grace period (a task's policy overrides it) and
+    ``default_stale`` the default overlap staleness bound in seconds; all datetimes aware UTC.
+    ``load_error`` says why the task's schedule could not be loaded (the run fails), ``pause``
+    is the task's open ``Pause`` (anything with ``paused_by`` and ``why``) for a scheduled run.
+    ``in_batch``: a run of the task was dispatched earlier in this claim; ``busy_since``: the
+    newest dispatch of an unfinished run of the task. Raises nothing but what the schedule's
+    maths raises besides ``ScheduleError`` (which becomes ``plan_error``).
+    """
+    ended = _ended(task, trigger, slot, load_error, pause)
+    if ended is not None:
+        return ended
+    if trigger != Run.Trigger.SCHEDULE:
+        decision = Decision(Kind.DISPATCH, Run.Status.DISPATCHED)
+    elif task.one_off:
+        decision = _one_off(task, slot, due, now, grace)
+    else:
+        decision = _periodic(task, slot, due, now, grace)
+    if decision.kind != Kind.DISPATCH:
+        return decision
+    why = overlap(
+        task, trigger, slot, in_batch=in_batch, busy_since=busy_since, now=now,
+        default_stale=default_stale,
+    )
+    if why:
+        return replace(decision, kind=Kind.SKIP, status=Run.Status.SKIPPED, reason=why)
+    return decision
+
+
+def _ended(task: Any, trigger: str, slot: datetime, load_error: str, pause: Any) -> Decision | None:
+    """The decision for a run that ends before any policy is asked; None for the others."""
+    if load_error:
+        return Decision(
+            Kind.CLOSE, Run.Status.FAILED, Run.Reason.INVALID_SCHEDULE, error=load_error
+        )
+    if task is None:
+        return Decision(Kind.CLOSE, Run.Status.CANCELLED, Run.Reason.TASK_DELETED)
+    scheduled = trigger == Run.Trigger.SCHEDULE
+    if scheduled and not task.enabled:
+        return Decision(Kind.CLOSE, Run.Status.CANCELLED, Run.Reason.TASK_DISABLED)
+    if scheduled and task.expires is not None and slot >= task.expires:
+        return Decision(Kind.CLOSE, Run.Status.CANCELLED, Run.Reason.TASK_EXPIRED, over=True)
+    if pause is not None:  # no dispatch, nothing planned until the resume
+        return Decision(
+            Kind.SKIP, Run.Status.SKIPPED, Run.Reason.paused(pause.paused_by, pause.why)
+        )
+    return None
+
+
+def _one_off(
+    task: Any, slot: datetime, due: datetime | None, now: datetime, grace: timedelta
+) -> Decision:
+    """A one-off's single run: dispatched (late: with why), or missed; its schedule ends."""
+    late = one_off_misfire(task, slot, now, grace, due)
+    if late is not None and not late.dispatches:
+        return Decision(Kind.MISS, Run.Status.MISSED, late.reason, over=True, misfire=late)
+    reason = late.reason if late is not None else None
+    return Decision(Kind.DISPATCH, Run.Status.DISPATCHED, reason, over=True, misfire=late)
+
+
+def _periodic(
+    task: Any, slot: datetime, due: datetime | None, now: datetime, grace: timedelta
+) -> Decision:
+    """A periodic task's scheduled run: on time, or as its misfire policy says; plus the next
+    slot."""
+    try:
+        late = misfire(task, slot, now, grace, due)
+        nxt = slots.next_run(task, slot) if late is None else late.next_slot
+    except ScheduleError as exc:
+        return Decision(Kind.DISPATCH, Run.Status.DISPATCHED, plan_error=str(exc))
+    if late is None:
+        return Decision(Kind.DISPATCH, Run.Status.DISPATCHED, next_slot=nxt, over=nxt is None)
+    if not late.dispatches:
+        return Decision(
+            Kind.MISS, Run.Status.MISSED, late.reason, next_slot=nxt, over=nxt is None,
+            misfire=late,
+        )
+    return Decision(
+        Kind.DISPATCH, Run.Status.DISPATCHED, late.reason, slots=late.slots, next_slot=nxt,
+        over=nxt is None, misfire=late,
+    )
