@@ -34,40 +34,51 @@ def parse(text: str) -> dict[str, str]:
 
     Raises ValueError for a name given twice.
     """
-    names = _BLOCK.split(text)[1:]
-    blocks: dict[str, str] = {}
-    for name, body in zip(names[::2], names[1::2], strict=True):
-        if name in blocks:
-            raise ValueError(f"{QUERIES_FILE.name}: block {name!r} given twice")
-        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-        blocks[name] = "\n".join(lines).strip()
-    return blocks
+    return {
+        name: "\n".join(
+            line for line in body.splitlines() if not line.lstrip().startswith("--")
+        ).strip()
+        for name, body in _blocks(text).items()
+    }
+
+
+def parse_schema(text: str) -> dict[str, str]:
+    """Return ``{name: SQL}`` of a schema file, in the file's order: each block without its
+    leading comment lines (comment lines inside a function's body are the body's own and stay).
+
+    Raises ValueError for a name given twice.
+    """
+    found = {}
+    for name, body in _blocks(text).items():
+        lines = body.strip().splitlines()
+        while lines and lines[0].startswith("--"):
+            lines.pop(0)
+        found[name] = "\n".join(lines).strip()
+    return found
 
 
 def schema(*names: str) -> str:
-    """Return the SQL of the blocks ``names`` of ``schema.sql`` (all when none), in file order.
+    """Return the SQL of the blocks ``names`` of ``schema.sql`` (all when none), in file order,
+    for a migration's ``RunSQL``.
 
-    Each block's text without its leading comment lines (comments inside a function's body are
-    its own and stay). Raises KeyError for a name the file does not have, ValueError for a
-    block named twice.
+    Raises KeyError for a name the file does not have.
     """
-    split = _BLOCK.split(SCHEMA_FILE.read_text())[1:]
-    blocks: dict[str, str] = {}
-    for name, body in zip(split[::2], split[1::2], strict=True):
-        if name in blocks:
-            raise ValueError(f"{SCHEMA_FILE.name}: block {name!r} given twice")
-        blocks[name] = _without_leading_comments(body)
+    blocks = parse_schema(SCHEMA_FILE.read_text())
     missing = [name for name in names if name not in blocks]
     if missing:
         raise KeyError(f"{SCHEMA_FILE.name} has no block {missing[0]!r}")
-    return "\n\n".join(text for name, text in blocks.items() if not names or name in names)
+    return "\n\n".join(sql for name, sql in blocks.items() if not names or name in names)
 
 
-def _without_leading_comments(body: str) -> str:
-    lines = body.strip().splitlines()
-    while lines and lines[0].startswith("--"):
-        lines.pop(0)
-    return "\n".join(lines).strip()
+def _blocks(text: str) -> dict[str, str]:
+    """Return ``{name: text after the name's line}`` of a file of ``-- name --`` blocks."""
+    split = _BLOCK.split(text)[1:]
+    blocks: dict[str, str] = {}
+    for name, body in zip(split[::2], split[1::2], strict=True):
+        if name in blocks:
+            raise ValueError(f"block {name!r} given twice")
+        blocks[name] = body
+    return blocks
 
 
 @cache
