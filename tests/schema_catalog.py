@@ -59,3 +59,18 @@ def catalog_of(url: str) -> dict[str, dict[str, str]]:
     """Return ``catalog`` of the database at ``url`` (a libpq URL), read in one connection."""
     with psycopg.connect(url) as conn:
         return catalog(conn)
+
+
+def differences(
+    first: dict[str, dict[str, str]], second: dict[str, dict[str, str]]
+) -> dict[str, dict[str, tuple[str | None, str | None]]]:
+    """Return ``{kind: {name: (first's definition, second's)}}`` of what two catalogs differ in
+    (``None``: that catalog has no such object); ``{}`` when they are equal."""
+    found: dict[str, dict[str, tuple[str | None, str | None]]] = {}
+    for kind in sorted(set(first) | set(second)):
+        a, b = first.get(kind, {}), second.get(kind, {})
+        differing = {name: (a.get(name), b.get(name)) for name in sorted(set(a) | set(b))
+                     if a.get(name) != b.get(name)}
+        if differing:
+            found[kind] = differing
+    return found

@@ -2,14 +2,15 @@
 -- the one constraint Django cannot declare. One block per name, loaded by scheduling.sql.schema.
 --
 -- The tables, columns, indexes and constraints are the models' (scheduling/models.py), created by
--- the CreateModel operations of migration 0001, which then runs every block of this file in
+-- the CreateModel operations of migration 0001, which then runs the blocks of this file, in its
 -- order. A block starts with a line "-- name --", then comment lines saying what it is for, then
 -- its statements. Every statement can run again on a database that has it already
 -- (CREATE OR REPLACE), so a later migration that changes a block runs that block
 -- (docs/development.md, Changing the schema). The tables' names are written out: a migration
 -- must not depend on what the models say later. tests/integration/test_schema.py checks that a
--- migrated database holds exactly what this file and the models say, and that a database
--- migrated by the 22 migrations that 0001 replaced holds the same.
+-- migrated database holds exactly what this file and the models say;
+-- tests/acceptance/test_migrations.py that a database of the 22 migrations 0001 replaced holds
+-- the same once migrated by today's code.
 
 -- run_periodic_task_set_null --
 -- The ledger's link to its periodic task is ON DELETE SET NULL in the database itself (Django's
