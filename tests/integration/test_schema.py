@@ -27,6 +27,7 @@ from django.core.management import call_command
 from django.db import connection, connections
 from psycopg import sql
 
+from scheduling.checks import check_squashed_migrations
 from scheduling.sql import SCHEMA_FILE, schema
 from tests.conftest import connect_raw
 from tests.schema_catalog import catalog, differences
@@ -90,3 +91,25 @@ def test_the_migrations_hold_the_models_state():
     out = StringIO()
     call_command("makemigrations", "scheduling", "--check", "--dry-run", stdout=out)
     assert out.getvalue() == "No changes detected in app 'scheduling'\n"
+
+
+@pytest.mark.parametrize(
+    ("kept", "count", "last"),
+    [("0010_run_without_task_id_index", 9, "0010_run_without_task_id_index"),
+     ("0001_initial", 1, "0001_initial")],
+)
+def test_a_database_migrated_part_of_the_old_way_is_an_error(kept, count, last):
+    """Django would neither run the squashed 0001 there nor count it applied (scheduling.E006)."""
+    assert check_squashed_migrations(databases=["default"]) == []
+    with connection.cursor() as cursor:  # undone with the test's transaction
+        cursor.execute(
+            "DELETE FROM django_migrations WHERE app = 'scheduling' AND name > %s", [kept]
+        )
+    errors = check_squashed_migrations(databases=["default"])
+    assert [(e.id, e.msg) for e in errors] == [(
+        "scheduling.E006",
+        f"Database alias 'default' applied {count} of the 22 migrations of scheduling that "
+        f"0001_initial squashes (the last: {last}), so Django would neither run 0001_initial "
+        f"nor count it applied.",
+    )]
+    assert check_squashed_migrations(databases=None) == []
