@@ -1,12 +1,15 @@
-"""System checks: the settings this app cannot work without, and the connection its locks need."""
+"""System checks: the settings this app cannot work without, the connection its locks need, and a
+database migrated all or none of the way the squashed migration stands for."""
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
+from django.db.migrations.recorder import MigrationRecorder
 from django.utils.connection import ConnectionDoesNotExist
 
 from scheduling import ledger
@@ -133,3 +136,40 @@ def _server(alias: str) -> tuple[str, object]:
     with connections[alias].cursor() as cursor:
         cursor.execute(queries["same_server"])
         return tuple(cursor.fetchone())  # type: ignore[return-value]
+
+
+@register(Tags.database)
+def check_squashed_migrations(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """A database must have applied all or none of the 22 migrations squashed into 0001_initial.
+
+    Django counts the squashed migration applied where all of them are and runs it where none
+    is; where only some are, it silently does neither, and the app would run on part of its
+    schema. A database check (Django runs it before ``migrate`` and for ``check --database``).
+    """
+    squashed = import_module("scheduling.migrations.0001_initial").Migration
+    chain = {"0001_initial", *(name for _, name in squashed.replaces)}
+    errors: list[CheckMessage] = []
+    for alias in sorted(databases or ()):
+        try:
+            recorded = MigrationRecorder(connections[alias]).applied_migrations()
+        except DatabaseError:
+            continue  # an unreachable database: migrate says so itself
+        applied = sorted(chain & {name for app, name in recorded if app == "scheduling"})
+        if applied and len(applied) < len(chain):
+            errors.append(
+                Error(
+                    f"Database alias {alias!r} applied {len(applied)} of the {len(chain)} "
+                    f"migrations of scheduling that 0001_initial squashes (the last: "
+                    f"{applied[-1]}), so Django would neither run 0001_initial nor count it "
+                    f"applied.",
+                    hint=(
+                        "Migrate it to 0023_owed_run_count with a release of scheduling that "
+                        "still has those migrations (`manage.py migrate scheduling "
+                        "0023_owed_run_count`), then upgrade (docs/operating.md, Upgrading)."
+                    ),
+                    id="scheduling.E006",
+                )
+            )
+    return errors

@@ -16,11 +16,11 @@ where the executing process's liveness cannot be held.
 For a delivery carrying the ``scheduling_run`` header (every run the scheduler publishes):
 
 1. Take the run's execution lock for this attempt: ``pg_try_advisory_lock`` on the key
-   ``scheduling_execution_lock_key(task id, request.retries)`` (a SQL function of migration 0011,
-   the one definition of the key), on a PostgreSQL session this process keeps for the purpose. The
-   lock is held while the body runs and released at ``task_postrun``; when the process dies, its
-   session ends and the server frees the lock. A lock held by someone else is the evidence that
-   the attempt is executing on a live worker.
+   ``scheduling_execution_lock_key(task id, request.retries)`` (a SQL function of
+   ``sql/schema.sql``, the one definition of the key), on a PostgreSQL session this process keeps
+   for the purpose. The lock is held while the body runs and released at ``task_postrun``; when the
+   process dies, its session ends and the server frees the lock. A lock held by someone else is the
+   evidence that the attempt is executing on a live worker.
 2. ``ledger.begin_execution`` decides on the run row, in one transaction (rule in its docstring):
    execute (running), or drop (the ``suppressed`` counter goes up, a warning is logged with
    ``extra={"action": "suppress"}``, and ``Ignore`` is raised). A run whose worker died mid-task

@@ -1,6 +1,6 @@
 """The edit history of periodic tasks, read for the admin: entries, a run's version, rendering.
 
-The rows are written by database triggers (migration 0016, ``models.TaskHistory``); this module
+The rows are written by database triggers (``sql/schema.sql``, ``models.TaskHistory``); this module
 only reads them. A run names the version of its task's definition it was planned from
 (``Run.definition_version``); ``entry_for`` finds the change that made that version.
 """

@@ -1,6 +1,6 @@
 """The change log (``ScheduleChange``): what reconcile passes re-plan, so their cost follows edits.
 
-Database triggers (migration 0005) write a row for every change of a periodic task's scheduling
+Database triggers (``sql/schema.sql``) write a row for every change of a periodic task's scheduling
 columns or of a schedule row, however it was made; the claim and the worker-side adoption write
 ``unplanned`` rows for tasks left without a pending run. Reconcile passes read the log, and prune
 it past ``CHANGE_RETENTION``. A replica stops looking at a row once it has settled

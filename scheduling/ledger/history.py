@@ -1,7 +1,7 @@
 """The actor of the edit history: who makes a transaction's edits, told to the triggers.
 
 The history itself (``TaskHistory``) and the definition versions (``TaskVersion``) are written by
-database triggers (migration 0016) in the transaction of each change; the only thing Python adds
+database triggers (``sql/schema.sql``) in the transaction of each change; the only thing Python adds
 is the name of the admin user, passed as the transaction-local setting ``scheduling.actor``.
 """
 

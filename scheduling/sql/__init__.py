@@ -1,9 +1,14 @@
-"""Every static SQL statement of the app, by name, from ``queries.sql`` beside this file.
+"""Every static SQL statement of the app, by name, from ``queries.sql`` beside this file; the
+app's functions and triggers, by name, from ``schema.sql``.
 
 ``queries["poll"]`` is the text of the block ``-- poll --``, ready for ``cursor.execute``. The
 file is read and the tables' names filled in on first use (Django must be set up then: the names
 are the models' ``db_table``), never at import. Statements whose text depends on the model's
 columns (the bulk writers) are composed with ``psycopg.sql`` in ``scheduling.sql.compose`` only.
+
+``schema("history")`` is the SQL of the block ``-- history --`` of ``schema.sql`` (``schema()``:
+every block, in the file's order), for a migration's ``RunSQL``: no names filled in, since a
+migration must not depend on what the models say later.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from functools import cache
 from pathlib import Path
 
 QUERIES_FILE = Path(__file__).with_name("queries.sql")
+SCHEMA_FILE = Path(__file__).with_name("schema.sql")
 
 #: Key of the transaction-level advisory lock that serializes CELERY_BEAT_SCHEDULE syncs.
 BEAT_SCHEDULE_LOCK = 0x5C4ED01E
@@ -28,13 +34,50 @@ def parse(text: str) -> dict[str, str]:
 
     Raises ValueError for a name given twice.
     """
-    names = _BLOCK.split(text)[1:]
+    return {
+        name: "\n".join(
+            line for line in body.splitlines() if not line.lstrip().startswith("--")
+        ).strip()
+        for name, body in _blocks(text).items()
+    }
+
+
+def parse_schema(text: str) -> dict[str, str]:
+    """Return ``{name: SQL}`` of a schema file, in the file's order: each block without its
+    leading comment lines (comment lines inside a function's body are the body's own and stay).
+
+    Raises ValueError for a name given twice.
+    """
+    found = {}
+    for name, body in _blocks(text).items():
+        lines = body.strip().splitlines()
+        while lines and lines[0].startswith("--"):
+            lines.pop(0)
+        found[name] = "\n".join(lines).strip()
+    return found
+
+
+def schema(*names: str) -> str:
+    """Return the SQL of the blocks ``names`` of ``schema.sql`` (all when none), in file order,
+    for a migration's ``RunSQL``.
+
+    Raises KeyError for a name the file does not have.
+    """
+    blocks = parse_schema(SCHEMA_FILE.read_text())
+    missing = [name for name in names if name not in blocks]
+    if missing:
+        raise KeyError(f"{SCHEMA_FILE.name} has no block {missing[0]!r}")
+    return "\n\n".join(sql for name, sql in blocks.items() if not names or name in names)
+
+
+def _blocks(text: str) -> dict[str, str]:
+    """Return ``{name: text after the name's line}`` of a file of ``-- name --`` blocks."""
+    split = _BLOCK.split(text)[1:]
     blocks: dict[str, str] = {}
-    for name, body in zip(names[::2], names[1::2], strict=True):
+    for name, body in zip(split[::2], split[1::2], strict=True):
         if name in blocks:
-            raise ValueError(f"{QUERIES_FILE.name}: block {name!r} given twice")
-        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-        blocks[name] = "\n".join(lines).strip()
+            raise ValueError(f"block {name!r} given twice")
+        blocks[name] = body
     return blocks
 
 

@@ -7,7 +7,7 @@
 -- when the file is loaded); {fragment_...} is the text of the fragment block of that name.
 -- Parameters are psycopg's: %s, or %(name)s.
 -- The execution-lock key of a run's attempt is the SQL function scheduling_execution_lock_key
--- (task id, retries), created by migration 0011: the guard and the lost-worker sweep both call it.
+-- (task id, retries) of schema.sql: the guard and the lost-worker sweep both call it.
 
 -- session_bounds --
 -- A scheduler session's server-side bounds (invariant 8: a frozen replica's claim ends within
@@ -424,8 +424,8 @@ ORDER BY r.periodic_task_name
 
 -- set_actor --
 -- Who makes the edits of this transaction (an admin user), for the edit history's triggers
--- (migration 0016 reads it with current_setting('scheduling.actor', true)). Transaction-local:
--- it ends with the transaction, so it never reaches a pooler's next client.
+-- (schema.sql's history block reads it: current_setting('scheduling.actor', true)).
+-- Transaction-local: it ends with the transaction, so it never reaches a pooler's next client.
 SELECT set_config('scheduling.actor', %s, true)
 
 -- schedule_changes_prune --

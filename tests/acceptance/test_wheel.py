@@ -97,7 +97,8 @@ def wheel(tmp_path_factory) -> Path:
 
 
 def test_wheel_holds_the_app_only(wheel):
-    """Every migration, template and command of the app; no development tool, nothing else.
+    """Every migration, SQL file, template and command of the app; no development tool, nothing
+    else.
 
     The chaos tool and its process helpers (tools/) default to the example project's settings
     and task, which the wheel does not ship: neither they nor project/, tests/ or bench/ are in it.
@@ -109,11 +110,12 @@ def test_wheel_holds_the_app_only(wheel):
     assert names & {"scheduling/chaos.py", "scheduling/processes.py"} == set()
     shipped = {  # every migration, template and static file of the source tree
         path.relative_to(ROOT).as_posix()
-        for folder in ("migrations", "templates", "static", "management", "prometheus")
+        for folder in ("migrations", "sql", "templates", "static", "management", "prometheus")
         for path in (ROOT / "scheduling" / folder).rglob("*")
         if path.is_file() and "__pycache__" not in path.parts
     }
     assert "scheduling/migrations/0001_initial.py" in shipped
+    assert "scheduling/sql/schema.sql" in shipped  # migration 0001 runs it
     assert "scheduling/templates/admin/scheduling/backfill.html" in shipped
     assert "scheduling/prometheus/alerts.yml" in shipped
     assert shipped - names == set()

@@ -1,0 +1,395 @@
+-- What the scheduling app's schema holds beyond its models: every SQL function and trigger, and
+-- the one constraint Django cannot declare. One block per name, loaded by scheduling.sql.schema.
+--
+-- The tables, columns, indexes and constraints are the models' (scheduling/models.py), created by
+-- the CreateModel operations of migration 0001, which then runs the blocks of this file, in its
+-- order. A block starts with a line "-- name --", then comment lines saying what it is for, then
+-- its statements. Every statement can run again on a database that has it already
+-- (CREATE OR REPLACE), so a later migration that changes a block runs that block
+-- (docs/development.md, Changing the schema). The tables' names are written out: a migration
+-- must not depend on what the models say later. tests/integration/test_schema.py checks that a
+-- migrated database holds exactly what this file and the models say;
+-- tests/acceptance/test_migrations.py that a database of the 22 migrations 0001 replaced holds
+-- the same once migrated by today's code.
+
+-- run_periodic_task_set_null --
+-- The ledger's link to its periodic task is ON DELETE SET NULL in the database itself (Django's
+-- SET_NULL runs in Python: it collects the runs, nulls their link, then deletes the task, so a
+-- claim committing the task's next run in between made the delete fail on the foreign key;
+-- tests/integration/test_delete_during_claim.py). Django 5.2 has no db_on_delete. The constraint
+-- keeps the name Django gives it (a digest of the table and column names) and its deferral: an
+-- AlterField of Run.periodic_task that recreates the constraint would lose the action, so run
+-- this block again after one.
+ALTER TABLE scheduling_run
+    DROP CONSTRAINT scheduling_run_periodic_task_id_9d64afac_fk_django_ce,
+    ADD CONSTRAINT scheduling_run_periodic_task_id_9d64afac_fk_django_ce
+        FOREIGN KEY (periodic_task_id) REFERENCES django_celery_beat_periodictask (id)
+        ON DELETE SET NULL DEFERRABLE INITIALLY DEFERRED;
+
+-- execution_lock_key --
+-- The execution-lock key of a run's attempt, one function both sides call: the worker guard
+-- takes pg_try_advisory_lock(scheduling_execution_lock_key(task_id, retries)) while a delivery
+-- executes (scheduling.guard); the lost-worker sweep looks for running runs whose key is not
+-- among the held advisory locks. The text 'scheduling.run:<task id>:<retries>' hashed by
+-- hashtextextended. IMMUTABLE and plain SQL: the planner inlines it.
+CREATE OR REPLACE FUNCTION scheduling_execution_lock_key(task_id text, retries integer)
+RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT hashtextextended('scheduling.run:' || task_id || ':' || retries, 0) $$;
+
+-- run_due_at --
+-- Run.due_at, the moment a run is due (its slot plus the task's jitter offset), for every
+-- writer: an insert that leaves it empty (raw SQL, Run.objects.create without it) gets
+-- scheduled_for; an UPDATE that moves scheduled_for without setting due_at moves it to the new
+-- slot (a hand-moved run is due at its slot).
+CREATE OR REPLACE FUNCTION scheduling_run_due_at() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        NEW.due_at := COALESCE(NEW.due_at, NEW.scheduled_for);
+    ELSIF NEW.scheduled_for IS DISTINCT FROM OLD.scheduled_for
+          AND (NEW.due_at IS NULL OR NEW.due_at IS NOT DISTINCT FROM OLD.due_at) THEN
+        NEW.due_at := NEW.scheduled_for;
+    ELSIF NEW.due_at IS NULL THEN
+        NEW.due_at := OLD.due_at;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER scheduling_run_due_at BEFORE INSERT OR UPDATE OF scheduled_for, due_at
+ON scheduling_run FOR EACH ROW EXECUTE FUNCTION scheduling_run_due_at();
+
+-- date_changed_not_ahead --
+-- A periodic task's date_changed is never later than the database clock. django-celery-beat
+-- sets it (auto_now) from the clock of the process that saves the task; it is an interval's
+-- anchor and the moment before which an edited task plans no slot, so a writer an hour ahead
+-- would hold the task's first run back an hour. The earlier of the written value and
+-- clock_timestamp(), for every writer (save(), QuerySet.update(), raw SQL); an earlier value is
+-- kept (docs/semantics.md, Clocks).
+CREATE OR REPLACE FUNCTION scheduling_date_changed_not_ahead() RETURNS trigger LANGUAGE plpgsql
+AS $$
+BEGIN
+    NEW.date_changed := LEAST(NEW.date_changed, clock_timestamp());
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER scheduling_date_changed_not_ahead
+BEFORE INSERT OR UPDATE OF date_changed ON django_celery_beat_periodictask
+FOR EACH ROW EXECUTE FUNCTION scheduling_date_changed_not_ahead();
+
+-- change_log --
+-- The change log (scheduling_schedulechange, read by scheduling.ledger.changes) and
+-- django-celery-beat's change marker. Statement-level triggers with transition tables: one
+-- INSERT per statement whatever its size; the marker moves only when some row really changed,
+-- and a created task is named ('unplanned') so a reconcile pass plans it without checking every
+-- task. A statement of at most 8 rows (an edit, a claim's bookkeeping) keeps the session's
+-- static plan; a larger one is planned for its own transition tables (EXECUTE): a plan made for
+-- one row and reused for 3,000 took 197 s. No JIT: these statements touch one statement's rows,
+-- where compiling never pays (460 to 710 ms of an admin save at a million tasks).
+CREATE OR REPLACE FUNCTION scheduling_touch_marker() RETURNS void LANGUAGE sql AS $$
+    INSERT INTO django_celery_beat_periodictasks (ident, last_update)
+    VALUES (1, clock_timestamp())
+    ON CONFLICT (ident) DO UPDATE SET last_update = EXCLUDED.last_update;
+$$;
+
+CREATE OR REPLACE FUNCTION scheduling_note_schedule_change() RETURNS trigger LANGUAGE plpgsql
+SET jit = off AS $$
+DECLARE
+    changed bigint;
+BEGIN
+    IF (SELECT count(*) FROM scheduling_new_rows) <= 8 THEN  -- an edit: the session's plan
+        INSERT INTO scheduling_schedulechange (kind, object_id, changed_at)
+        SELECT TG_ARGV[0], n.id, clock_timestamp()
+        FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o ON o.id = n.id
+        WHERE n IS DISTINCT FROM o;
+        GET DIAGNOSTICS changed = ROW_COUNT;
+    ELSE
+        EXECUTE $q$
+            INSERT INTO scheduling_schedulechange (kind, object_id, changed_at)
+            SELECT $1, n.id, clock_timestamp()
+            FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o ON o.id = n.id
+            WHERE n IS DISTINCT FROM o
+        $q$ USING TG_ARGV[0];
+        GET DIAGNOSTICS changed = ROW_COUNT;
+    END IF;
+    IF changed > 0 THEN
+        PERFORM scheduling_touch_marker();
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scheduling_note_task_change() RETURNS trigger LANGUAGE plpgsql
+SET jit = off AS $$
+DECLARE
+    moved boolean;
+BEGIN
+    IF (SELECT count(*) FROM scheduling_new_rows) <= 8 THEN  -- a claim's or an edit's few rows
+        INSERT INTO scheduling_schedulechange (kind, object_id, changed_at)
+        SELECT 'task', n.id, clock_timestamp()
+        FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o ON o.id = n.id
+        WHERE (n.interval_id, n.crontab_id, n.solar_id, n.clocked_id, n.start_time, n.expires,
+               n.one_off, n.enabled, n.date_changed)
+              IS DISTINCT FROM
+              (o.interval_id, o.crontab_id, o.solar_id, o.clocked_id, o.start_time, o.expires,
+               o.one_off, o.enabled, o.date_changed);
+        SELECT COALESCE(bool_or(
+            (n.interval_id, n.crontab_id, n.solar_id, n.clocked_id, n.start_time, n.expires,
+             n.one_off, n.date_changed)
+            IS DISTINCT FROM
+            (o.interval_id, o.crontab_id, o.solar_id, o.clocked_id, o.start_time, o.expires,
+             o.one_off, o.date_changed)
+            OR (n.enabled AND NOT o.enabled)
+        ), false) INTO moved
+        FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o ON o.id = n.id;
+        IF moved THEN
+            PERFORM scheduling_touch_marker();
+        END IF;
+        RETURN NULL;
+    END IF;
+    EXECUTE $q$
+        INSERT INTO scheduling_schedulechange (kind, object_id, changed_at)
+        SELECT 'task', n.id, clock_timestamp()
+        FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o ON o.id = n.id
+        WHERE (n.interval_id, n.crontab_id, n.solar_id, n.clocked_id, n.start_time, n.expires,
+               n.one_off, n.enabled, n.date_changed)
+              IS DISTINCT FROM
+              (o.interval_id, o.crontab_id, o.solar_id, o.clocked_id, o.start_time, o.expires,
+               o.one_off, o.enabled, o.date_changed)
+    $q$;
+    -- Disabling alone does not move the marker: the claim cancels a disabled task's due run
+    -- anyway, and the claim transaction disables finished tasks itself; locking the marker row
+    -- there could deadlock with an admin save (django-celery-beat locks the marker first).
+    -- An aggregate, not EXISTS: under EXISTS the planner counts on stopping at the first row
+    -- and picks a nested loop, which compares every pair of rows when none qualifies (9 million
+    -- pairs, 1.7 s, for 3,000 tasks disabled); the aggregate reads each table once (a hash join).
+    EXECUTE $q$
+        SELECT COALESCE(bool_or(
+            (n.interval_id, n.crontab_id, n.solar_id, n.clocked_id, n.start_time, n.expires,
+             n.one_off, n.date_changed)
+            IS DISTINCT FROM
+            (o.interval_id, o.crontab_id, o.solar_id, o.clocked_id, o.start_time, o.expires,
+             o.one_off, o.date_changed)
+            OR (n.enabled AND NOT o.enabled)
+        ), false)
+        FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o ON o.id = n.id
+    $q$ INTO moved;
+    IF moved THEN
+        PERFORM scheduling_touch_marker();
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scheduling_note_task_insert() RETURNS trigger LANGUAGE plpgsql
+SET jit = off AS $$
+BEGIN
+    INSERT INTO scheduling_schedulechange (kind, object_id, changed_at)
+    SELECT 'unplanned', n.id, clock_timestamp() FROM scheduling_new_rows AS n;
+    PERFORM scheduling_touch_marker();
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER scheduling_task_changed AFTER UPDATE ON django_celery_beat_periodictask
+    REFERENCING OLD TABLE AS scheduling_old_rows NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_note_task_change();
+CREATE OR REPLACE TRIGGER scheduling_task_inserted AFTER INSERT ON django_celery_beat_periodictask
+    REFERENCING NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_note_task_insert();
+CREATE OR REPLACE TRIGGER scheduling_interval_changed
+    AFTER UPDATE ON django_celery_beat_intervalschedule
+    REFERENCING OLD TABLE AS scheduling_old_rows NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_note_schedule_change('interval');
+CREATE OR REPLACE TRIGGER scheduling_crontab_changed
+    AFTER UPDATE ON django_celery_beat_crontabschedule
+    REFERENCING OLD TABLE AS scheduling_old_rows NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_note_schedule_change('crontab');
+CREATE OR REPLACE TRIGGER scheduling_solar_changed
+    AFTER UPDATE ON django_celery_beat_solarschedule
+    REFERENCING OLD TABLE AS scheduling_old_rows NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_note_schedule_change('solar');
+CREATE OR REPLACE TRIGGER scheduling_clocked_changed
+    AFTER UPDATE ON django_celery_beat_clockedschedule
+    REFERENCING OLD TABLE AS scheduling_old_rows NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_note_schedule_change('clocked');
+
+-- history --
+-- The edit history (docs/history.md): every change of a periodic task, its schedule row or its
+-- policy writes one scheduling_taskhistory row per task and change (the changed columns before
+-- and after, the admin user of the transaction-local setting scheduling.actor, the SQL role) and
+-- adds 1 to the task's version (scheduling_taskversion), in the statement's transaction. Every
+-- to_jsonb of a row drops the bookkeeping columns a claim writes (last_run_at,
+-- total_run_count): a statement that changed only those records nothing. The triggers pass the
+-- kind of row and its key column (TG_ARGV). scheduling_record_history hands the writer at most
+-- about scheduling.history_part_bytes bytes of rows a call (64 MB unless set; PostgreSQL caps a
+-- jsonb array at 256 MB), in key order, so two statements bump the same tasks in the same order;
+-- a statement of at most 8 rows keeps the session's plan and one call. scheduling_write_history
+-- finds a change's tasks one kind of row at a time (a one-time filter on kind). No JIT (above).
+CREATE OR REPLACE FUNCTION scheduling_write_history(kind text, operation text, changes jsonb)
+RETURNS void LANGUAGE sql SET jit = off AS $$
+    WITH change AS (
+        SELECT NULLIF(c->0, 'null') AS old, NULLIF(c->1, 'null') AS new,
+               COALESCE(COALESCE(NULLIF(c->1, 'null'), c->0)->>'id',
+                        COALESCE(NULLIF(c->1, 'null'), c->0)->>'periodic_task_id')::integer
+                   AS object_id
+        FROM jsonb_array_elements(changes) AS c
+    ),
+    affected AS (
+        SELECT c.object_id AS task_id, COALESCE(c.new, c.old)->>'name' AS task_name, c.*
+        FROM change AS c WHERE kind = 'task'
+        UNION ALL
+        SELECT t.id, t.name, c.*
+        FROM change AS c JOIN django_celery_beat_periodictask AS t ON t.interval_id = c.object_id
+        WHERE kind = 'interval'
+        UNION ALL
+        SELECT t.id, t.name, c.*
+        FROM change AS c JOIN django_celery_beat_periodictask AS t ON t.crontab_id = c.object_id
+        WHERE kind = 'crontab'
+        UNION ALL
+        SELECT t.id, t.name, c.*
+        FROM change AS c JOIN django_celery_beat_periodictask AS t ON t.solar_id = c.object_id
+        WHERE kind = 'solar'
+        UNION ALL
+        SELECT t.id, t.name, c.*
+        FROM change AS c JOIN django_celery_beat_periodictask AS t ON t.clocked_id = c.object_id
+        WHERE kind = 'clocked'
+        UNION ALL
+        SELECT t.id, t.name, c.*
+        FROM change AS c JOIN django_celery_beat_periodictask AS t ON t.id = c.object_id
+        WHERE kind = 'policy'
+    ),
+    bumped AS (
+        -- In task id order, so two statements bumping the same tasks cannot deadlock.
+        INSERT INTO scheduling_taskversion (periodic_task_id, version)
+        SELECT task_id, 1 FROM affected ORDER BY task_id
+        ON CONFLICT (periodic_task_id)
+            DO UPDATE SET version = scheduling_taskversion.version + 1
+        RETURNING periodic_task_id, version
+    )
+    INSERT INTO scheduling_taskhistory
+        (periodic_task_id, periodic_task_name, version, kind, object_id, operation,
+         before, after, changed_at, actor, role)
+    SELECT a.task_id, a.task_name, b.version, kind, a.object_id, operation,
+           CASE WHEN a.old IS NULL OR a.new IS NULL THEN a.old ELSE
+               (SELECT jsonb_object_agg(key, value) FROM jsonb_each(a.old)
+                WHERE a.new->key IS DISTINCT FROM value) END,
+           CASE WHEN a.old IS NULL OR a.new IS NULL THEN a.new ELSE
+               (SELECT jsonb_object_agg(key, value) FROM jsonb_each(a.new)
+                WHERE a.old->key IS DISTINCT FROM value) END,
+           clock_timestamp(), COALESCE(current_setting('scheduling.actor', true), ''),
+           current_user
+    FROM affected AS a JOIN bumped AS b ON b.periodic_task_id = a.task_id;
+$$;
+
+CREATE OR REPLACE FUNCTION scheduling_record_history() RETURNS trigger LANGUAGE plpgsql
+SET jit = off AS $$
+DECLARE
+    kind text := TG_ARGV[0];
+    key text := TG_ARGV[1];
+    operation text := CASE TG_OP WHEN 'INSERT' THEN 'created' WHEN 'DELETE' THEN 'deleted'
+                      ELSE 'changed' END;
+    changes jsonb;
+    part_bytes bigint := COALESCE(
+        NULLIF(current_setting('scheduling.history_part_bytes', true), '')::bigint, 67108864);
+    source text;
+BEGIN
+    -- (Nested: PL/pgSQL evaluates both sides of AND, and an INSERT has no old rows.)
+    IF TG_OP = 'UPDATE' THEN
+        IF (SELECT count(*) FROM scheduling_new_rows) <= 8 THEN
+
+        SELECT jsonb_agg(jsonb_build_array(c.old, c.new)) INTO changes
+        FROM (
+            SELECT to_jsonb(o) - '{last_run_at,total_run_count}'::text[] AS old,
+                   to_jsonb(n) - '{last_run_at,total_run_count}'::text[] AS new
+            FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o
+                ON to_jsonb(o)->key = to_jsonb(n)->key
+        ) AS c
+        WHERE c.old IS DISTINCT FROM c.new;
+            IF changes IS NOT NULL THEN
+                PERFORM scheduling_write_history(kind, operation, changes);
+            END IF;
+            RETURN NULL;
+        END IF;
+    END IF;
+    source := CASE TG_OP
+        WHEN 'INSERT' THEN format(
+            'SELECT n.%1$I AS key, NULL::jsonb AS old,'
+            ' to_jsonb(n) - ''{last_run_at,total_run_count}''::text[] AS new'
+            ' FROM scheduling_new_rows AS n', key)
+        WHEN 'DELETE' THEN format(
+            'SELECT o.%1$I AS key, to_jsonb(o) - ''{last_run_at,total_run_count}''::text[] AS old,'
+            ' NULL::jsonb AS new FROM scheduling_old_rows AS o', key)
+        ELSE format(
+            'SELECT n.%1$I AS key,'
+            ' to_jsonb(o) - ''{last_run_at,total_run_count}''::text[] AS old,'
+            ' to_jsonb(n) - ''{last_run_at,total_run_count}''::text[] AS new'
+            ' FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o ON o.%1$I = n.%1$I',
+            key)
+        END;
+    -- Each row's part: the bytes of the rows before it (in key order), over the part size.
+    FOR changes IN EXECUTE format($q$
+        SELECT jsonb_agg(jsonb_build_array(c.old, c.new) ORDER BY c.key)
+        FROM (
+            SELECT d.key, d.old, d.new,
+                   COALESCE(sum(COALESCE(pg_column_size(d.old), 0)
+                                 + COALESCE(pg_column_size(d.new), 0))
+                            OVER (ORDER BY d.key
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+                       / $1 AS part
+            FROM (%s) AS d
+            WHERE d.old IS DISTINCT FROM d.new
+        ) AS c
+        GROUP BY c.part ORDER BY c.part
+    $q$, source) USING part_bytes
+    LOOP
+        PERFORM scheduling_write_history(kind, operation, changes);
+    END LOOP;
+    IF kind = 'task' AND TG_OP = 'DELETE' THEN
+        DELETE FROM scheduling_taskversion
+        WHERE periodic_task_id IN (SELECT o.id FROM scheduling_old_rows AS o);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER scheduling_history_task_insert
+    AFTER INSERT ON django_celery_beat_periodictask
+    REFERENCING NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('task', 'id');
+CREATE OR REPLACE TRIGGER scheduling_history_task_update
+    AFTER UPDATE ON django_celery_beat_periodictask
+    REFERENCING OLD TABLE AS scheduling_old_rows NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('task', 'id');
+CREATE OR REPLACE TRIGGER scheduling_history_task_delete
+    AFTER DELETE ON django_celery_beat_periodictask
+    REFERENCING OLD TABLE AS scheduling_old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('task', 'id');
+CREATE OR REPLACE TRIGGER scheduling_history_interval_update
+    AFTER UPDATE ON django_celery_beat_intervalschedule
+    REFERENCING OLD TABLE AS scheduling_old_rows NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('interval', 'id');
+CREATE OR REPLACE TRIGGER scheduling_history_crontab_update
+    AFTER UPDATE ON django_celery_beat_crontabschedule
+    REFERENCING OLD TABLE AS scheduling_old_rows NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('crontab', 'id');
+CREATE OR REPLACE TRIGGER scheduling_history_solar_update
+    AFTER UPDATE ON django_celery_beat_solarschedule
+    REFERENCING OLD TABLE AS scheduling_old_rows NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('solar', 'id');
+CREATE OR REPLACE TRIGGER scheduling_history_clocked_update
+    AFTER UPDATE ON django_celery_beat_clockedschedule
+    REFERENCING OLD TABLE AS scheduling_old_rows NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('clocked', 'id');
+CREATE OR REPLACE TRIGGER scheduling_history_policy_insert
+    AFTER INSERT ON scheduling_taskpolicy
+    REFERENCING NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('policy', 'periodic_task_id');
+CREATE OR REPLACE TRIGGER scheduling_history_policy_update
+    AFTER UPDATE ON scheduling_taskpolicy
+    REFERENCING OLD TABLE AS scheduling_old_rows NEW TABLE AS scheduling_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('policy', 'periodic_task_id');
+CREATE OR REPLACE TRIGGER scheduling_history_policy_delete
+    AFTER DELETE ON scheduling_taskpolicy
+    REFERENCING OLD TABLE AS scheduling_old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('policy', 'periodic_task_id');
