@@ -10,8 +10,8 @@ from django.db.models.functions import Now
 class ScheduleChange(models.Model):
     """One change of a periodic task's definition or of a schedule row, written by triggers.
 
-    PostgreSQL triggers (migration 0005) insert a row for every UPDATE that changes a crontab,
-    interval, solar or clocked row, or a periodic task's scheduling columns (schedule ids,
+    PostgreSQL triggers (block ``change_log`` of sql/schema.sql) insert a row for every UPDATE
+    that changes a crontab, interval, solar or clocked row, or a periodic task's scheduling columns (schedule ids,
     start_time, expires, one_off, enabled, date_changed), however it was made: ``save()``,
     ``QuerySet.update()`` or raw SQL. The same statement moves django-celery-beat's change marker
     (except for a change that only disables tasks: their due runs are cancelled by the claim), so
@@ -45,7 +45,7 @@ class ScheduleChange(models.Model):
 class TaskHistory(models.Model):
     """One change of a periodic task's definition: when, what (before and after), who, version.
 
-    Written only by database triggers (migration 0016) on django-celery-beat's periodic task and
+    Written only by database triggers (block ``history`` of sql/schema.sql) on django-celery-beat's periodic task and
     schedule tables and on ``TaskPolicy``, in the transaction of the change, so an edit by raw
     SQL is kept as surely as one in the admin. ``before`` and ``after`` hold the columns that
     changed (the whole row for a creation or deletion, ``before`` empty or ``after`` empty);
@@ -69,7 +69,7 @@ class TaskHistory(models.Model):
         CREATED = "created"
         CHANGED = "changed"
         DELETED = "deleted"
-        #: The definition as it stood when the history began (migration 0016).
+        #: The definition as it stood when the history began (block ``history`` of sql/schema.sql).
         RECORDED = "recorded"
 
     id = models.BigAutoField(primary_key=True)

@@ -144,7 +144,7 @@ class Pause(models.Model):
 class TaskVersion(models.Model):
     """The version counter of one periodic task's definition, kept by database triggers.
 
-    Migration 0016's triggers set it to 1 when a task is created and add 1 at every change of the
+    The triggers of sql/schema.sql's block ``history`` set it to 1 when a task is created and add 1 at every change of the
     task, of its schedule row (a crontab shared by ten tasks moves all ten) or of its scheduling
     policy, however made: admin, ORM or raw SQL; each change is one ``TaskHistory`` row carrying
     the new number. Planning reads it with the task (``select_related("scheduling_version")``,

@@ -1,7 +1,7 @@
 -- What the scheduling app's schema holds beyond its models: every SQL function and trigger, and
 -- the one constraint Django cannot declare. One block per name, loaded by scheduling.sql.schema.
 --
--- The tables, columns, indexes and constraints are the models' (scheduling/models.py), created by
+-- The tables, columns, indexes and constraints are the models' (scheduling/models/), created by
 -- the CreateModel operations of migration 0001, which then runs the blocks of this file, in its
 -- order. A block starts with a line "-- name --", then comment lines saying what it is for, then
 -- its statements. Every statement can run again on a database that has it already
