@@ -11,14 +11,14 @@ class ScheduleChange(models.Model):
     """One change of a periodic task's definition or of a schedule row, written by triggers.
 
     PostgreSQL triggers (block ``change_log`` of sql/schema.sql) insert a row for every UPDATE
-    that changes a crontab, interval, solar or clocked row, or a periodic task's scheduling columns (schedule ids,
-    start_time, expires, one_off, enabled, date_changed), however it was made: ``save()``,
-    ``QuerySet.update()`` or raw SQL. The same statement moves django-celery-beat's change marker
-    (except for a change that only disables tasks: their due runs are cancelled by the claim), so
-    every replica reconciles on its next tick, and ``ledger.reconcile`` re-plans only the
-    pending runs of the tasks these rows name: the cost follows what changed, not the number of
-    tasks. Rows older than ``ledger.CHANGE_RETENTION`` are pruned by the reconcile pass.
-    """
+    that changes a crontab, interval, solar or clocked row, or a periodic task's scheduling
+    columns (schedule ids, start_time, expires, one_off, enabled, date_changed), however it was
+    made: ``save()``, ``QuerySet.update()`` or raw SQL. The same statement moves
+    django-celery-beat's change marker (except for a change that only disables tasks: their due
+    runs are cancelled by the claim), so every replica reconciles on its next tick, and
+    ``ledger.reconcile`` re-plans only the pending runs of the tasks these rows name: the cost
+    follows what changed, not the number of tasks. Rows older than ``ledger.CHANGE_RETENTION``
+    are pruned by the reconcile pass."""
 
     class Kind(models.TextChoices):
         TASK = "task"
@@ -45,17 +45,17 @@ class ScheduleChange(models.Model):
 class TaskHistory(models.Model):
     """One change of a periodic task's definition: when, what (before and after), who, version.
 
-    Written only by database triggers (block ``history`` of sql/schema.sql) on django-celery-beat's periodic task and
-    schedule tables and on ``TaskPolicy``, in the transaction of the change, so an edit by raw
-    SQL is kept as surely as one in the admin. ``before`` and ``after`` hold the columns that
-    changed (the whole row for a creation or deletion, ``before`` empty or ``after`` empty);
-    the task's bookkeeping columns ``last_run_at`` and ``total_run_count`` are never part of a
-    change. A schedule row shared by several tasks gives one row per task. ``actor`` is the admin
-    user who saved (passed through the transaction-local setting ``scheduling.actor``), empty
-    when not known; ``role`` is the SQL role that ran the statement. ``version`` is the task's
-    definition version after the change, the one ``Run.definition_version`` names. Rows outlive
-    their task (no foreign key): the audit survives deletion.
-    """
+    Written only by database triggers (block ``history`` of sql/schema.sql) on
+    django-celery-beat's periodic task and schedule tables and on ``TaskPolicy``, in the
+    transaction of the change, so an edit by raw SQL is kept as surely as one in the admin.
+    ``before`` and ``after`` hold the columns that changed (the whole row for a creation or
+    deletion, ``before`` empty or ``after`` empty); the task's bookkeeping columns
+    ``last_run_at`` and ``total_run_count`` are never part of a change. A schedule row shared by
+    several tasks gives one row per task. ``actor`` is the admin user who saved (passed through
+    the transaction-local setting ``scheduling.actor``), empty when not known; ``role`` is the
+    SQL role that ran the statement. ``version`` is the task's definition version after the
+    change, the one ``Run.definition_version`` names. Rows outlive their task (no foreign key):
+    the audit survives deletion."""
 
     class Kind(models.TextChoices):
         TASK = "task"

@@ -144,14 +144,13 @@ class Pause(models.Model):
 class TaskVersion(models.Model):
     """The version counter of one periodic task's definition, kept by database triggers.
 
-    The triggers of sql/schema.sql's block ``history`` set it to 1 when a task is created and add 1 at every change of the
-    task, of its schedule row (a crontab shared by ten tasks moves all ten) or of its scheduling
-    policy, however made: admin, ORM or raw SQL; each change is one ``TaskHistory`` row carrying
-    the new number. Planning reads it with the task (``select_related("scheduling_version")``,
-    one join, no query per run) and writes it on the run as ``Run.definition_version``. No
-    foreign key constraint: a task deleted by raw SQL must not be refused; the trigger deletes
-    the row with the task.
-    """
+    The triggers of sql/schema.sql's block ``history`` set it to 1 when a task is created and
+    add 1 at every change of the task, of its schedule row (a crontab shared by ten tasks moves
+    all ten) or of its scheduling policy, however made: admin, ORM or raw SQL; each change is
+    one ``TaskHistory`` row carrying the new number. Planning reads it with the task
+    (``select_related("scheduling_version")``, one join, no query per run) and writes it on the
+    run as ``Run.definition_version``. No foreign key constraint: a task deleted by raw SQL must
+    not be refused; the trigger deletes the row with the task."""
 
     periodic_task = models.OneToOneField(
         PeriodicTask,
