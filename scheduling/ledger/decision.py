@@ -15,9 +15,8 @@ policy does not exist yet.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from scheduling import slots
 from scheduling.exceptions import ScheduleError
@@ -38,9 +37,9 @@ class Kind(enum.StrEnum):
     SKIP = "skip"
 
 
-@dataclass(frozen=True)
-class Decision:
-    """The claim's decision on one run.
+class Decision(NamedTuple):
+    """The claim's decision on one run (an immutable value; a tuple, as cheap as one to build:
+    a claim makes one per run).
 
     ``status`` is the run's status once applied (``Run.Status``); ``reason`` the reason written
     on it (None: the run's own is kept), ``error`` its error text, ``slots`` the slots it stands
@@ -102,7 +101,7 @@ def decide(
         default_stale=default_stale,
     )
     if why:
-        return replace(decision, kind=Kind.SKIP, status=Run.Status.SKIPPED, reason=why)
+        return decision._replace(kind=Kind.SKIP, status=Run.Status.SKIPPED, reason=why)
     return decision
 
 
