@@ -20,10 +20,12 @@ import re
 import time
 from collections import Counter
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from django_celery_beat.models import PeriodicTask
 
 from bench import data
+from bench.profile import profiled
 from bench.report import Row
 from bench.scenarios import READY, close
 from scheduling.models import Run
@@ -77,7 +79,7 @@ def _plain(bench, n: int) -> float:
             for _ in range(n):
                 app.send_task(NOOP, queue=deployment.queue, producer=producer)
         _wait_queued(bench, deployment, n)
-        rate = _drained(bench, deployment, n)
+        rate = _drained(bench, deployment, n, "guard_cost-plain")
     finally:
         close(bench, deployment)
     bench.log(f"  worker, plain Celery: {rate:,.0f} runs/s")
@@ -96,7 +98,7 @@ def _ledger(bench, tasks: list[int], way: str, **env: str) -> float:
         at, moved = data.due_at_once(tasks, timeout=300)
         deployment.stop("replica-1")
         _wait_queued(bench, deployment, moved)
-        rate = _drained(bench, deployment, moved)
+        rate = _drained(bench, deployment, moved, f"guard_cost-{way}")
         done = Run.objects.filter(scheduled_for=at, status=Run.Status.SUCCEEDED).count()
         if done != moved:
             raise RuntimeError(f"worker, {way}: {done}/{moved} runs succeeded on the ledger")
@@ -112,17 +114,15 @@ def _wait_queued(bench, deployment: Deployment, n: int) -> None:
         raise RuntimeError(f"{bench.broker.count(deployment.queue)}/{n} messages at the broker")
 
 
-def _drained(bench, deployment: Deployment, n: int) -> float:
-    """Start one worker (concurrency 2) on the queued messages; return executions per second."""
-    deployment.start_worker("worker", concurrency=2)
+def _drained(bench, deployment: Deployment, n: int, label: str) -> float:
+    """Start one worker (concurrency 2) on the queued messages; return executions per second.
+
+    With ``--profile``, its two pool processes are sampled, waits included (``label``)."""
+    worker = deployment.start_worker("worker", concurrency=2)
     log = deployment.log_path("worker")
-    deadline = time.monotonic() + 60 + n / 20
-    while time.monotonic() < deadline:
-        if log.exists() and sum(
-            what == "succeeded" for what, _, _ in worker_log(log.read_text(errors="replace"))
-        ) >= n:
-            break
-        time.sleep(0.2)
+    pool = _pool(worker.pid) if bench.profile is not None else []
+    with profiled(bench.profile, label, pool, idle=True):
+        _wait_succeeded(log, n, time.monotonic() + 60 + n / 20)
     deployment.stop("worker")
     lines = worker_log(log.read_text(errors="replace"))
     executed = Counter(task_id for what, task_id, _ in lines if what == "succeeded")
@@ -133,6 +133,27 @@ def _drained(bench, deployment: Deployment, n: int) -> float:
     first = min(at for what, _, at in lines if what == "received")
     last = max(at for what, _, at in lines if what == "succeeded")
     return n / (last - first).total_seconds()
+
+
+def _wait_succeeded(log, n: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if log.exists() and sum(
+            what == "succeeded" for what, _, _ in worker_log(log.read_text(errors="replace"))
+        ) >= n:
+            return
+        time.sleep(0.2)
+
+
+def _pool(pid: int, count: int = 2, timeout: float = 30.0) -> list[int]:
+    """The process ids of the worker ``pid``'s ``count`` pool processes, once they are forked."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [int(child) for child in children.read_text().split()]
+        if len(found) >= count:
+            return found[:count]
+        time.sleep(0.01)
+    raise RuntimeError(f"worker {pid}: fewer than {count} pool processes after {timeout:.0f}s")
 
 
 def worker_log(text: str) -> list[tuple[str, str, datetime]]:
