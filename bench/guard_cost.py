@@ -124,6 +124,8 @@ def _drained(bench, deployment: Deployment, n: int, label: str) -> float:
     with profiled(bench.profile, label, pool, idle=True):
         _wait_succeeded(log, n, time.monotonic() + 60 + n / 20)
     deployment.stop("worker")
+    if bench.profile is not None:
+        _write_breakdown(bench.profile, label, pool, n)
     lines = worker_log(log.read_text(errors="replace"))
     executed = Counter(task_id for what, task_id, _ in lines if what == "succeeded")
     twice = [task_id for task_id, k in executed.items() if k > 1]
@@ -133,6 +135,35 @@ def _drained(bench, deployment: Deployment, n: int, label: str) -> float:
     first = min(at for what, _, at in lines if what == "received")
     last = max(at for what, _, at in lines if what == "succeeded")
     return n / (last - first).total_seconds()
+
+
+#: Where a pool process's time goes, by the frames on its stack (the first part that matches).
+PARTS = [
+    ("the start: one statement on the worker's session", ("_Liveness.start",)),
+    ("the start: ledger.begin_execution (Django's connection)", ("begin_execution",)),
+    ("the execution lock taken (a statement of its own)", ("_Liveness.try_lock",)),
+    ("the outcome: one statement with the unlock", ("_Liveness.finish",)),
+    ("the outcome: ledger.record_finished (Django's connection)", ("record_finished",)),
+    ("the unlock at task_postrun", ("_Liveness.unlock",)),
+    ("the start by the task_prerun signal (Django's connection)", ("record_started",)),
+    ("Celery's Django fix-up closing connections", ("close_database",)),
+    ("the rest of Celery's trace and the task body", ("trace_task",)),
+    ("waiting for the next message (billiard's pipe from the main process)",
+     ("_recv", "EpollSelector.select")),
+]
+
+
+def _write_breakdown(folder: Path, label: str, pool: list[int], n: int) -> None:
+    """``folder/<label>-per-execution.md``: the pool processes' ms per execution, by part."""
+    from bench.profile import per_execution
+
+    files = [folder / f"{label}-{pid}.txt" for pid in pool]
+    rows = per_execution([f for f in files if f.exists()], n, PARTS)
+    title = f"# {label}: milliseconds of a pool process per execution ({n:,} executions, wall time)"
+    lines = [title, "", "| where | ms |", "|---|---|"]
+    lines += [f"| {name} | {ms:.2f} |" for name, ms in rows]
+    lines.append(f"| all | {sum(ms for _, ms in rows):.2f} |")
+    (folder / f"{label}-per-execution.md").write_text("\n".join(lines) + "\n")
 
 
 def _wait_succeeded(log, n: int, deadline: float) -> None:

@@ -95,9 +95,9 @@ def summary(label: str, files: list[Path], *, idle: bool = False) -> str:
             own[frames[-1]] += count
             for frame in set(frames):
                 inclusive[frame] += count
+    kind = "wall time: waits included" if idle else "CPU only"
     lines = [f"# Profile: {label}", "",
-             f"{total:,} samples at {RATE} Hz from {len(files)} processes"
-             f" ({'wall time: waits included' if idle else 'CPU only'}).", "",
+             f"{total:,} samples at {RATE} Hz from {len(files)} processes ({kind}).", "",
              "| function | inclusive | self |", "|---|---|---|"]
     for frame, count in _most(inclusive, TOP):
         lines.append(f"| `{frame}` | {_share(count, total)} | {_share(own[frame], total)} |")
@@ -105,6 +105,27 @@ def summary(label: str, files: list[Path], *, idle: bool = False) -> str:
     for frame, count in _most(own, TOP // 2):
         lines.append(f"| `{frame}` | {_share(count, total)} |")
     return "\n".join(lines) + "\n"
+
+
+def per_execution(files: list[Path], executions: int, parts: list[tuple[str, tuple[str, ...]]]
+                  ) -> list[tuple[str, float]]:
+    """Milliseconds of sampled time per execution in each part, from py-spy's collapsed ``files``.
+
+    A stack counts for the first part of ``parts`` (name, substrings of a frame) one of whose
+    substrings is in it, else for "other"; each sample is 1/``RATE`` s of one process. Returns
+    (part, ms) for every part with samples, in ``parts``' order, "other" last.
+    """
+    counts: Counter = Counter()
+    for path in files:
+        for line in path.read_text().splitlines():
+            match = _LINE.match(line)
+            if match is None:
+                continue
+            part = next((name for name, keys in parts if any(k in match["stack"] for k in keys)),
+                        "other")
+            counts[part] += int(match["count"])
+    names = [name for name, _ in parts] + ["other"]
+    return [(name, 1000 * counts[name] / RATE / executions) for name in names if counts[name]]
 
 
 def _most(counts: Counter, n: int) -> list[tuple[str, int]]:
