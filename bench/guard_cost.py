@@ -117,11 +117,14 @@ def _wait_queued(bench, deployment: Deployment, n: int) -> None:
 def _drained(bench, deployment: Deployment, n: int, label: str) -> float:
     """Start one worker (concurrency 2) on the queued messages; return executions per second.
 
-    With ``--profile``, its two pool processes are sampled, waits included (``label``)."""
+    With ``--profile``, its two pool processes are sampled, waits included (``label``), and its
+    main process (``label-main``)."""
     worker = deployment.start_worker("worker", concurrency=2)
     log = deployment.log_path("worker")
     pool = _pool(worker.pid) if bench.profile is not None else []
-    with profiled(bench.profile, label, pool, idle=True):
+    main = [worker.pid] if pool else []
+    with profiled(bench.profile, label, pool, idle=True), \
+            profiled(bench.profile, f"{label}-main", main, idle=True):
         _wait_succeeded(log, n, time.monotonic() + 60 + n / 20)
     deployment.stop("worker")
     if bench.profile is not None:

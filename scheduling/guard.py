@@ -274,15 +274,13 @@ class _Liveness:
         self._held = set()  # locks of a session lost with its connection are gone
         return conn
 
-    def _execute(self, name: str, params: Any, *, prepare: bool = False) -> tuple[Any, ...]:
-        """Run statement ``name`` on this process's session (the caller holds the mutex) and
-        return its one row. On any error the session is closed (the server frees its locks)
-        and the error raised: the next statement opens a new one."""
-        from scheduling.sql import queries
-
+    def _execute(self, statement: str, params: Any, *, prepare: bool = False) -> tuple[Any, ...]:
+        """Run ``statement`` on this process's session (the caller holds the mutex) and return
+        its one row. On any error the session is closed (the server frees its locks) and the
+        error raised: the next statement opens a new one."""
         conn = self._connection()
         try:
-            return conn.execute(queries[name], params, prepare=prepare and self._prepare).fetchone()
+            return conn.execute(statement, params, prepare=prepare and self._prepare).fetchone()
         except BaseException:
             self._drop()
             raise
@@ -299,11 +297,13 @@ class _Liveness:
         started is running, with ``started_at``, ``worker`` (cut to 255 characters),
         ``key.retries`` and one execution more. Raises psycopg.Error (the session is closed).
         """
+        from scheduling.sql import queries
+
         with self._mutex:
             if key in self._held and self._mine():  # the same attempt twice: a duplicate
                 return False, False
             params = {"task_id": key.task_id, "retries": key.retries, "worker": worker[:255]}
-            mine, run_id = self._execute("start_execution", params, prepare=True)
+            mine, run_id = self._execute(queries["start_execution"], params, prepare=True)
             if mine:
                 self._held.add(key)
             return bool(mine), run_id is not None
@@ -317,6 +317,7 @@ class _Liveness:
         """
         from scheduling.ledger.writes import ERROR_LIMIT
         from scheduling.models import Run
+        from scheduling.sql import queries
 
         with self._mutex:
             held = key in self._held and self._mine()
@@ -324,7 +325,7 @@ class _Liveness:
                 "task_id": key.task_id, "retries": key.retries, "status": status,
                 "error": error[:ERROR_LIMIT], "late": Run.Reason.LATE_OUTCOME, "held": held,
             }
-            updated, _ = self._execute("finish_execution", params, prepare=True)
+            updated, _ = self._execute(queries["finish_execution"], params, prepare=True)
             self._held.discard(key)
             return bool(updated)
 
@@ -332,22 +333,26 @@ class _Liveness:
         """Take the lock of attempt ``key`` without waiting; True if this session holds it now.
 
         Raises psycopg.Error (the session is closed)."""
+        from scheduling.sql import queries
+
         with self._mutex:
             if key in self._held and self._mine():  # the same attempt twice in this process
                 return False
-            (mine,) = self._execute("try_execution_lock", key)
+            (mine,) = self._execute(queries["try_execution_lock"], key)
             if mine:
                 self._held.add(key)
             return bool(mine)
 
     def unlock(self, key: Attempt) -> None:
         """Release ``key`` if held; a lost session has released it already. Never raises."""
+        from scheduling.sql import queries
+
         with self._mutex:
             if key not in self._held or not self._mine():
                 return
             self._held.discard(key)
             try:
-                self._execute("release_execution_lock", key)
+                self._execute(queries["release_execution_lock"], key)
             except self.errors:
                 logger.warning("could not release execution lock %s; dropped the session", key)
 
