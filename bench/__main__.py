@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
                         " sustained, mvcc_horizon, failover, guard_cost, day_ledger, history,"
                         " million, correctness (day_ledger runs history too: it grows that ledger)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                        help="sample the replicas of burst, sustained and mvcc_horizon with py-spy"
+                        help="sample the replicas of burst, sustained and mvcc_horizon, and"
+                        " guard_cost's worker pool processes, with py-spy"
                         " and write their profiles to DIR (development: bench/profile.py)")
     args = parser.parse_args(argv)
     command = _command(args.quick, args.only)

@@ -20,10 +20,12 @@ import re
 import time
 from collections import Counter
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from django_celery_beat.models import PeriodicTask
 
 from bench import data
+from bench.profile import profiled
 from bench.report import Row
 from bench.scenarios import READY, close
 from scheduling.models import Run
@@ -77,7 +79,7 @@ def _plain(bench, n: int) -> float:
             for _ in range(n):
                 app.send_task(NOOP, queue=deployment.queue, producer=producer)
         _wait_queued(bench, deployment, n)
-        rate = _drained(bench, deployment, n)
+        rate = _drained(bench, deployment, n, "guard_cost-plain")
     finally:
         close(bench, deployment)
     bench.log(f"  worker, plain Celery: {rate:,.0f} runs/s")
@@ -96,7 +98,7 @@ def _ledger(bench, tasks: list[int], way: str, **env: str) -> float:
         at, moved = data.due_at_once(tasks, timeout=300)
         deployment.stop("replica-1")
         _wait_queued(bench, deployment, moved)
-        rate = _drained(bench, deployment, moved)
+        rate = _drained(bench, deployment, moved, f"guard_cost-{way}")
         done = Run.objects.filter(scheduled_for=at, status=Run.Status.SUCCEEDED).count()
         if done != moved:
             raise RuntimeError(f"worker, {way}: {done}/{moved} runs succeeded on the ledger")
@@ -112,18 +114,21 @@ def _wait_queued(bench, deployment: Deployment, n: int) -> None:
         raise RuntimeError(f"{bench.broker.count(deployment.queue)}/{n} messages at the broker")
 
 
-def _drained(bench, deployment: Deployment, n: int) -> float:
-    """Start one worker (concurrency 2) on the queued messages; return executions per second."""
-    deployment.start_worker("worker", concurrency=2)
+def _drained(bench, deployment: Deployment, n: int, label: str) -> float:
+    """Start one worker (concurrency 2) on the queued messages; return executions per second.
+
+    With ``--profile``, its two pool processes are sampled, waits included (``label``), and its
+    main process (``label-main``)."""
+    worker = deployment.start_worker("worker", concurrency=2)
     log = deployment.log_path("worker")
-    deadline = time.monotonic() + 60 + n / 20
-    while time.monotonic() < deadline:
-        if log.exists() and sum(
-            what == "succeeded" for what, _, _ in worker_log(log.read_text(errors="replace"))
-        ) >= n:
-            break
-        time.sleep(0.2)
+    pool = _pool(worker.pid) if bench.profile is not None else []
+    main = [worker.pid] if pool else []
+    with profiled(bench.profile, label, pool, idle=True), \
+            profiled(bench.profile, f"{label}-main", main, idle=True):
+        _wait_succeeded(log, n, time.monotonic() + 60 + n / 20)
     deployment.stop("worker")
+    if bench.profile is not None:
+        _write_breakdown(bench.profile, label, pool, n)
     lines = worker_log(log.read_text(errors="replace"))
     executed = Counter(task_id for what, task_id, _ in lines if what == "succeeded")
     twice = [task_id for task_id, k in executed.items() if k > 1]
@@ -133,6 +138,56 @@ def _drained(bench, deployment: Deployment, n: int) -> float:
     first = min(at for what, _, at in lines if what == "received")
     last = max(at for what, _, at in lines if what == "succeeded")
     return n / (last - first).total_seconds()
+
+
+#: Where a pool process's time goes, by the frames on its stack (the first part that matches).
+PARTS = [
+    ("the start: one statement on the worker's session", ("_Liveness.start",)),
+    ("the start: ledger.begin_execution (Django's connection)", ("begin_execution",)),
+    ("the execution lock taken (a statement of its own)", ("_Liveness.try_lock",)),
+    ("the outcome: one statement with the unlock", ("_Liveness.finish",)),
+    ("the outcome: ledger.record_finished (Django's connection)", ("record_finished",)),
+    ("the unlock at task_postrun", ("_Liveness.unlock",)),
+    ("the start by the task_prerun signal (Django's connection)", ("record_started",)),
+    ("Celery's Django fix-up closing connections", ("close_database",)),
+    ("the rest of Celery's trace and the task body", ("trace_task",)),
+    ("waiting for the next message (billiard's pipe from the main process)",
+     ("_recv", "EpollSelector.select")),
+]
+
+
+def _write_breakdown(folder: Path, label: str, pool: list[int], n: int) -> None:
+    """``folder/<label>-per-execution.md``: the pool processes' ms per execution, by part."""
+    from bench.profile import per_execution
+
+    files = [folder / f"{label}-{pid}.txt" for pid in pool]
+    rows = per_execution([f for f in files if f.exists()], n, PARTS)
+    title = f"# {label}: milliseconds of a pool process per execution ({n:,} executions, wall time)"
+    lines = [title, "", "| where | ms |", "|---|---|"]
+    lines += [f"| {name} | {ms:.2f} |" for name, ms in rows]
+    lines.append(f"| all | {sum(ms for _, ms in rows):.2f} |")
+    (folder / f"{label}-per-execution.md").write_text("\n".join(lines) + "\n")
+
+
+def _wait_succeeded(log, n: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if log.exists() and sum(
+            what == "succeeded" for what, _, _ in worker_log(log.read_text(errors="replace"))
+        ) >= n:
+            return
+        time.sleep(0.2)
+
+
+def _pool(pid: int, count: int = 2, timeout: float = 30.0) -> list[int]:
+    """The process ids of the worker ``pid``'s ``count`` pool processes, once they are forked."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [int(child) for child in children.read_text().split()]
+        if len(found) >= count:
+            return found[:count]
+        time.sleep(0.01)
+    raise RuntimeError(f"worker {pid}: fewer than {count} pool processes after {timeout:.0f}s")
 
 
 def worker_log(text: str) -> list[tuple[str, str, datetime]]:

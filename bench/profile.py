@@ -38,9 +38,13 @@ _PACKAGES = re.compile(r"^.*/(?:site-packages|lib/python3\.\d+)/")
 
 
 @contextmanager
-def profiled(folder: Path | None, label: str, pids: list[int]) -> Iterator[None]:
+def profiled(
+    folder: Path | None, label: str, pids: list[int], *, idle: bool = False
+) -> Iterator[None]:
     """Sample ``pids`` with py-spy while the block runs; write the summary after it.
 
+    With ``idle``, samples of threads waiting (a socket's reply, a lock) count too (py-spy's
+    ``--idle``): the shares are then shares of the processes' wall time, where round trips show.
     Does nothing when ``folder`` is None. Raises RuntimeError when py-spy is not installed;
     a py-spy that exits early (the process ended) leaves its file as far as it got.
     """
@@ -57,7 +61,7 @@ def profiled(folder: Path | None, label: str, pids: list[int]) -> Iterator[None]
         output = folder / f"{label}-{pid}.txt"
         recorders.append((output, subprocess.Popen(
             [spy, "record", "--pid", str(pid), "--rate", str(RATE), "--format", "raw",
-             "--nonblocking", "--output", str(output)],
+             "--nonblocking", *(["--idle"] if idle else []), "--output", str(output)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )))
     try:
@@ -69,10 +73,10 @@ def profiled(folder: Path | None, label: str, pids: list[int]) -> Iterator[None]
         for _, recorder in recorders:
             recorder.wait(timeout=60)
     stacks = [output for output, _ in recorders if output.exists()]
-    (folder / f"{label}.md").write_text(summary(label, stacks))
+    (folder / f"{label}.md").write_text(summary(label, stacks, idle=idle))
 
 
-def summary(label: str, files: list[Path]) -> str:
+def summary(label: str, files: list[Path], *, idle: bool = False) -> str:
     """A Markdown table of the functions with the most samples in py-spy's collapsed ``files``.
 
     Inclusive share: samples with the function anywhere on the stack (counted once per stack),
@@ -91,8 +95,9 @@ def summary(label: str, files: list[Path]) -> str:
             own[frames[-1]] += count
             for frame in set(frames):
                 inclusive[frame] += count
+    kind = "wall time: waits included" if idle else "CPU only"
     lines = [f"# Profile: {label}", "",
-             f"{total:,} samples at {RATE} Hz from {len(files)} processes (CPU only).", "",
+             f"{total:,} samples at {RATE} Hz from {len(files)} processes ({kind}).", "",
              "| function | inclusive | self |", "|---|---|---|"]
     for frame, count in _most(inclusive, TOP):
         lines.append(f"| `{frame}` | {_share(count, total)} | {_share(own[frame], total)} |")
@@ -100,6 +105,27 @@ def summary(label: str, files: list[Path]) -> str:
     for frame, count in _most(own, TOP // 2):
         lines.append(f"| `{frame}` | {_share(count, total)} |")
     return "\n".join(lines) + "\n"
+
+
+def per_execution(files: list[Path], executions: int, parts: list[tuple[str, tuple[str, ...]]]
+                  ) -> list[tuple[str, float]]:
+    """Milliseconds of sampled time per execution in each part, from py-spy's collapsed ``files``.
+
+    A stack counts for the first part of ``parts`` (name, substrings of a frame) one of whose
+    substrings is in it, else for "other"; each sample is 1/``RATE`` s of one process. Returns
+    (part, ms) for every part with samples, in ``parts``' order, "other" last.
+    """
+    counts: Counter = Counter()
+    for path in files:
+        for line in path.read_text().splitlines():
+            match = _LINE.match(line)
+            if match is None:
+                continue
+            part = next((name for name, keys in parts if any(k in match["stack"] for k in keys)),
+                        "other")
+            counts[part] += int(match["count"])
+    names = [name for name, _ in parts] + ["other"]
+    return [(name, 1000 * counts[name] / RATE / executions) for name in names if counts[name]]
 
 
 def _most(counts: Counter, n: int) -> list[tuple[str, int]]:

@@ -18,13 +18,18 @@ For a delivery carrying the ``scheduling_run`` header (every run the scheduler p
 1. Take the run's execution lock for this attempt: ``pg_try_advisory_lock`` on the key
    ``scheduling_execution_lock_key(task id, request.retries)`` (a SQL function of
    ``sql/schema.sql``, the one definition of the key), on a PostgreSQL session this process keeps
-   for the purpose. The lock is held while the body runs and released at ``task_postrun``; when the
-   process dies, its session ends and the server frees the lock. A lock held by someone else is the
-   evidence that the attempt is executing on a live worker.
-2. ``ledger.begin_execution`` decides on the run row, in one transaction (rule in its docstring):
-   execute (running), or drop (the ``suppressed`` counter goes up, a warning is logged with
-   ``extra={"action": "suppress"}``, and ``Ignore`` is raised). A run whose worker died mid-task
-   executes again only when the broker redelivered the message and the lock was free.
+   for the purpose (``_Liveness``). The lock is held while the body runs and released with the outcome (or at
+   ``task_postrun``); when the process dies, its session ends and the server frees the lock. A
+   lock held by someone else is the evidence that the attempt is executing on a live worker.
+2. In the same statement, a dispatched run (its first delivery) is started: running. Any other
+   case goes to ``ledger.begin_execution``, which decides on the run row in one transaction
+   (rule in its docstring): execute (running), or drop (the ``suppressed`` counter goes up, a
+   warning is logged with ``extra={"action": "suppress"}``, and ``Ignore`` is raised). A run
+   whose worker died mid-task executes again only when the broker redelivered the message and
+   the lock was free.
+3. The outcome (``scheduling.worker``) is one statement on the same session: the run's final
+   status and the lock's release (``_Liveness.finish``). Django's connection is not opened for
+   a first delivery at all, so the fix-up's closing it around every task costs nothing.
 
 Deliveries without the header (tasks not sent by the scheduler) cost one dictionary lookup.
 When the database cannot be reached, the guard waits ``RETRY_DELAY`` seconds and raises
@@ -94,34 +99,19 @@ def is_guarded(task: Any) -> bool:
 def guard(request: Any, task_id: str) -> None:
     """Run the guard for one delivery; return to execute the body, raise Ignore to drop it.
 
-    Raises ``Reject(requeue=True)`` after ``RETRY_DELAY`` seconds when the database fails.
+    A first delivery of a dispatched run costs one statement on this process's own session
+    (``_Liveness.start``: the execution lock and the start); every other case is decided by
+    ``ledger.begin_execution`` on Django's connection. Raises ``Reject(requeue=True)`` after
+    ``RETRY_DELAY`` seconds when the database fails.
     """
     from django.db import DatabaseError, InterfaceError
 
-    from scheduling import ledger
-    from scheduling.models import Run
     from scheduling.reach import database
 
-    retries = int(request.get("retries") or 0)
-    delivery = request.get("delivery_info") or {}
-    redelivered = bool(delivery.get("redelivered"))
-    key = Attempt(task_id, retries)
-    slot = _slot(request)
+    key = Attempt(task_id, int(request.get("retries") or 0))
     try:
-        exclusive = liveness.try_lock(key)
-        try:
-            decision = ledger.begin_execution(
-                task_id,
-                request.get("hostname") or "",
-                retries=retries,
-                redelivered=redelivered,
-                exclusive=exclusive,
-                slot=slot,
-            )
-        except BaseException:
-            if exclusive:
-                liveness.unlock(key)
-            raise
+        exclusive, started = liveness.start(key, request.get("hostname") or "")
+        decision = None if started else _decide(request, key, exclusive)
     except (DatabaseError, InterfaceError, OSError, *liveness.errors) as exc:
         database.lost(exc)  # one ERROR per outage; each message's line below at info
         logger.info(
@@ -131,6 +121,38 @@ def guard(request: Any, task_id: str) -> None:
         time.sleep(RETRY_DELAY)
         raise Reject(f"ledger unreachable: {exc}", requeue=True) from exc
     database.reached()
+    if decision is None:  # started: released with the outcome, or at task_postrun
+        setattr(request, LOCK_ATTRIBUTE, key)
+        return
+    _follow(request, key, exclusive, decision)
+
+
+def _decide(request: Any, key: Attempt, exclusive: bool) -> Any:
+    """``ledger.begin_execution``'s decision for a delivery the one-statement start did not
+    start; the execution lock (held when ``exclusive``) is released if it raises."""
+    from scheduling import ledger
+
+    delivery = request.get("delivery_info") or {}
+    try:
+        return ledger.begin_execution(
+            key.task_id,
+            request.get("hostname") or "",
+            retries=key.retries,
+            redelivered=bool(delivery.get("redelivered")),
+            exclusive=exclusive,
+            slot=_slot(request),
+        )
+    except BaseException:
+        if exclusive:
+            liveness.unlock(key)
+        raise
+
+
+def _follow(request: Any, key: Attempt, exclusive: bool, decision: Any) -> None:
+    """Act on ``begin_execution``'s ``decision``: requeue, execute (return) or drop (Ignore)."""
+    from scheduling.models import Run
+
+    task_id = key.task_id
     if decision.requeue:
         if exclusive:
             liveness.unlock(key)
@@ -144,7 +166,7 @@ def guard(request: Any, task_id: str) -> None:
         if not decision.tracked:
             liveness.unlock(key)
             return
-        setattr(request, LOCK_ATTRIBUTE, key)  # released by the task_postrun handler
+        setattr(request, LOCK_ATTRIBUTE, key)  # released by the outcome or at task_postrun
         if decision.reason != Run.Reason.FIRST_DELIVERY:
             logger.info(
                 "run %s executes: %s", task_id, decision.reason, extra={"action": "execute"}
@@ -157,9 +179,10 @@ def guard(request: Any, task_id: str) -> None:
     metrics.observe_suppressed(
         request.get("periodic_task_name") or "", request.get("hostname") or ""
     )
+    redelivered = bool((request.get("delivery_info") or {}).get("redelivered"))
     logger.warning(
         "run %s: duplicate delivery suppressed (%s; retries=%d, redelivered=%s)",
-        task_id, decision.reason, retries, redelivered, extra={"action": "suppress"},
+        task_id, decision.reason, key.retries, redelivered, extra={"action": "suppress"},
     )
     raise Ignore(f"duplicate delivery of run {task_id}: {decision.reason}")
 
@@ -184,32 +207,47 @@ class Attempt(NamedTuple):
 
 
 class _Liveness:
-    """This process's own PostgreSQL session holding the execution locks of the runs it executes.
+    """This process's own PostgreSQL session: the execution locks and the guarded runs' writes.
 
-    Separate from Django's connections, which Celery closes around every task and task code may
-    close at will: the lock must live exactly as long as this process. One session per process
-    (re-opened after a fork), shared by threads under a mutex, opened with the parameters of
-    ``SCHEDULING_DIRECT_DATABASE``: a pooler by transaction would leave a lock on a server session
-    this process may not be lent again, where the next client holds it too. A session found to go
-    through a pooler is used all the same (a pooler by session keeps the locks) and reported
-    (``pooler.report_pooled_locks``; system check scheduling.E003). TCP keepalives and user
-    timeouts on both ends (``ledger.session.Keepalives``, from ``SCHEDULING_TCP_KEEPALIVES_IDLE``)
-    let the server free the locks of a host cut off silently, and this process notice it, within
-    the keepalive bound (11 s by default).
+    Separate from Django's connections, which Celery's Django fix-up closes around every task
+    (unless ``CELERY_DB_REUSE_MAX``) and task code may close at will: the lock must live exactly
+    as long as this process, and a first delivery's start and its outcome cost one statement
+    each on a session that stays open (``start``, ``finish``), prepared where the server keeps
+    them. One session per process, opened on first use, opened anew in a forked child (the
+    parent's is left alone) and after any error (closing it frees every lock it held: nothing is
+    left half done, no transaction is left open), shared by threads under a mutex, opened with
+    the parameters of ``SCHEDULING_DIRECT_DATABASE``: a pooler by transaction would leave a lock
+    on a server session this process may not be lent again, where the next client holds it too.
+    A session found to go through a pooler is used all the same (a pooler by session keeps the
+    locks) and reported (``pooler.report_pooled_locks``; system check scheduling.E003); there its
+    statements are prepared only if the pooler keeps prepared statements
+    (``pooler.pooler_keeps_prepared``). TCP keepalives and user timeouts on both ends
+    (``ledger.session.Keepalives``, from ``SCHEDULING_TCP_KEEPALIVES_IDLE``) let the server free
+    the locks of a host cut off silently, and this process notice it, within the keepalive bound
+    (11 s by default).
     """
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._conn: Any = None
         self._pid = 0
+        self._prepare = False
         self._held: set[Attempt] = set()
+        #: Sessions inherited from a parent process: kept, never closed here (closing one would
+        #: end the parent's server session).
+        self._inherited: list[Any] = []
         import psycopg
 
         self.errors: tuple[type[BaseException], ...] = (psycopg.Error,)
 
+    def _mine(self) -> bool:
+        return self._conn is not None and self._pid == os.getpid() and not self._conn.closed
+
     def _connection(self) -> Any:
-        if self._conn is not None and self._pid == os.getpid() and not self._conn.closed:
+        if self._mine():
             return self._conn
+        if self._conn is not None and self._pid != os.getpid():
+            self._inherited.append(self._conn)  # a forked child: the parent's, left alone
         import psycopg
         from django.db import connections
 
@@ -223,58 +261,110 @@ class _Liveness:
         params.pop("cursor_factory", None)
         params.pop("context", None)
         bounds = keepalives()
-        params.update(bounds.client_parameters(), application_name="scheduling-guard")
+        params.update(bounds.client_parameters(), application_name="scheduling-guard",
+                      prepare_threshold=None)  # prepared only where asked: _execute
         conn = psycopg.connect(**params, autocommit=True)
         if pooler.behind_pooler(conn):  # no session setting: it would reach the next client
             pooler.report_pooled_locks(alias, "the worker guard's execution locks")
+            self._prepare = pooler.pooler_keeps_prepared(conn)
         else:
             conn.execute(queries["guard_keepalives"], bounds.server_settings())
+            self._prepare = True
         self._conn, self._pid = conn, os.getpid()
         self._held = set()  # locks of a session lost with its connection are gone
         return conn
 
-    def try_lock(self, key: Attempt) -> bool:
-        """Take the lock of attempt ``key`` without waiting; True if this session holds it now."""
+    def _execute(self, statement: str, params: Any, *, prepare: bool = False) -> tuple[Any, ...]:
+        """Run ``statement`` on this process's session (the caller holds the mutex) and return
+        its one row. On any error the session is closed (the server frees its locks) and the
+        error raised: the next statement opens a new one."""
+        conn = self._connection()
+        try:
+            return conn.execute(statement, params, prepare=prepare and self._prepare).fetchone()
+        except BaseException:
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        if self._mine():
+            self._conn.close()
+        self._conn, self._held = None, set()
+
+    def start(self, key: Attempt, worker: str) -> tuple[bool, bool]:
+        """Take the lock of attempt ``key`` without waiting and start its run if dispatched.
+
+        One statement (``start_execution``). Returns (lock held now, run started); a run
+        started is running, with ``started_at``, ``worker`` (cut to 255 characters),
+        ``key.retries`` and one execution more. Raises psycopg.Error (the session is closed).
+        """
         from scheduling.sql import queries
 
         with self._mutex:
-            if key in self._held:  # the same attempt twice in this process: a duplicate
-                return False
-            row = self._connection().execute(queries["try_execution_lock"], key).fetchone()
-            if row[0]:
+            if key in self._held and self._mine():  # the same attempt twice: a duplicate
+                return False, False
+            params = {"task_id": key.task_id, "retries": key.retries, "worker": worker[:255]}
+            mine, run_id = self._execute(queries["start_execution"], params, prepare=True)
+            if mine:
                 self._held.add(key)
-            return bool(row[0])
+            return bool(mine), run_id is not None
+
+    def finish(self, key: Attempt, status: str, error: str = "") -> bool:
+        """Record attempt ``key``'s outcome ``status`` and release its lock, in one statement.
+
+        ``ledger.record_finished``'s rule (``finish_execution``); ``error`` is cut to
+        ``ERROR_LIMIT``. Returns True if a run took the outcome. Raises psycopg.Error (the
+        session is closed, its locks with it).
+        """
+        from scheduling.ledger.writes import ERROR_LIMIT
+        from scheduling.models import Run
+        from scheduling.sql import queries
+
+        with self._mutex:
+            held = key in self._held and self._mine()
+            params = {
+                "task_id": key.task_id, "retries": key.retries, "status": status,
+                "error": error[:ERROR_LIMIT], "late": Run.Reason.LATE_OUTCOME, "held": held,
+            }
+            updated, _ = self._execute(queries["finish_execution"], params, prepare=True)
+            self._held.discard(key)
+            return bool(updated)
+
+    def try_lock(self, key: Attempt) -> bool:
+        """Take the lock of attempt ``key`` without waiting; True if this session holds it now.
+
+        Raises psycopg.Error (the session is closed)."""
+        from scheduling.sql import queries
+
+        with self._mutex:
+            if key in self._held and self._mine():  # the same attempt twice in this process
+                return False
+            (mine,) = self._execute(queries["try_execution_lock"], key)
+            if mine:
+                self._held.add(key)
+            return bool(mine)
 
     def unlock(self, key: Attempt) -> None:
-        """Release ``key`` if held; a lost session has released it already."""
+        """Release ``key`` if held; a lost session has released it already. Never raises."""
+        from scheduling.sql import queries
+
         with self._mutex:
-            if key not in self._held:
+            if key not in self._held or not self._mine():
                 return
             self._held.discard(key)
-            if self._conn is None or self._pid != os.getpid() or self._conn.closed:
-                return
-            from scheduling.sql import queries
-
             try:
-                self._conn.execute(queries["release_execution_lock"], key)
+                self._execute(queries["release_execution_lock"], key)
             except self.errors:
-                logger.warning("could not release execution lock %s; dropping the session", key)
-                self._conn.close()
-                self._conn, self._held = None, set()
+                logger.warning("could not release execution lock %s; dropped the session", key)
 
     def backend_pid(self) -> int | None:
         """The server process id of this process's session, or None while it has none."""
         with self._mutex:
-            if self._conn is None or self._pid != os.getpid() or self._conn.closed:
-                return None
-            return int(self._conn.info.backend_pid)
+            return int(self._conn.info.backend_pid) if self._mine() else None
 
     def close(self) -> None:
         """Close this process's session (its locks are released by the server)."""
         with self._mutex:
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn, self._held = None, set()
+            self._drop()
 
 
 liveness = _Liveness()

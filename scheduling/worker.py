@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from celery import signals
 from django.db import InterfaceError, OperationalError, connection
 
@@ -38,6 +39,10 @@ from scheduling.reach import database
 from scheduling.signals import announce_finished
 
 logger = logging.getLogger(__name__)
+
+#: Errors of a lost connection on the guard's own session (``guard.liveness``), retried as
+#: Django's are.
+_SESSION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 def record(
@@ -64,8 +69,8 @@ def record(
     while True:
         try:
             done = write(*args, **kwargs)
-        except (OperationalError, InterfaceError) as exc:
-            connection.close()
+        except (OperationalError, InterfaceError, *_SESSION_ERRORS) as exc:
+            connection.close()  # a write on the guard's own session has closed it already
             failures += 1
             if failures > 1:
                 database.lost(exc)
@@ -110,23 +115,33 @@ def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
         guard.liveness.unlock(key)
 
 
+def _finished(task: Any, task_id: str, status: str, error: str = "") -> None:
+    """Record a scheduled run's outcome: a guarded attempt's with its lock's release, in one
+    statement on the process's own session (``guard.liveness.finish``); any other on Django's
+    connection (``ledger.record_finished``)."""
+    request = task.request
+    key = getattr(request, guard.LOCK_ATTRIBUTE, None)
+    if key is not None:
+        setattr(request, guard.LOCK_ATTRIBUTE, None)  # released here: nothing at task_postrun
+        done = record(guard.liveness.finish, key, status, error)
+    else:
+        done = record(ledger.record_finished, task_id, status, error, retries=_retries(task))
+    if done:
+        announce_finished(task_id)
+
+
 @signals.task_success.connect(dispatch_uid="scheduling.task_success")
 def _on_success(sender: Any = None, **_: Any) -> None:
-    if _is_scheduled(sender) and record(
-        ledger.record_finished, sender.request.id, Run.Status.SUCCEEDED, retries=_retries(sender)
-    ):
-        announce_finished(sender.request.id)
+    if _is_scheduled(sender):
+        _finished(sender, sender.request.id, Run.Status.SUCCEEDED)
 
 
 @signals.task_failure.connect(dispatch_uid="scheduling.task_failure")
 def _on_failure(
     sender: Any = None, task_id: str = "", exception: BaseException | None = None, **_: Any
 ) -> None:
-    if _is_scheduled(sender) and record(
-        ledger.record_finished, task_id, Run.Status.FAILED, _short(exception),
-        retries=_retries(sender),
-    ):
-        announce_finished(task_id)
+    if _is_scheduled(sender):
+        _finished(sender, task_id, Run.Status.FAILED, _short(exception))
 
 
 @signals.task_retry.connect(dispatch_uid="scheduling.task_retry")

@@ -164,22 +164,7 @@ def begin_execution(
     a dropped one adds one to ``suppressed``. Database errors propagate (the guard requeues).
     """
     with transaction.atomic(using=using):
-        run = (
-            Run.objects.using(using)
-            .filter(task_id=task_id)
-            .annotate(worker_lost=_WORKER_LOST)
-            .select_for_update()
-            # A live run first; a cancelled one only when no other has this task id.
-            .order_by(
-                Case(
-                    When(status=Run.Status.CANCELLED, then=1),
-                    default=0,
-                    output_field=IntegerField(),
-                ),
-                "-pk",
-            )
-            .first()
-        )
+        run = _locked_run(task_id, using)
         if run is None:
             if slot is not None and _not_planned_yet(task_id, slot, using):
                 return Execution(False, False, _NOT_PLANNED_YET, requeue=True)
@@ -187,19 +172,7 @@ def begin_execution(
         recover = run.worker_lost or conf.worker_lost_policy  # type: ignore[attr-defined]
         reason = _execution_verdict(run, retries, redelivered, exclusive, recover)
         if reason is None:
-            dropped: dict[str, object] = {"suppressed": F("suppressed") + 1}
-            if exclusive and redelivered and run.status == Run.Status.RUNNING:
-                dropped.update(  # worker-loss policy fail: the crash ends the run here
-                    status=Run.Status.FAILED, reason=Run.Reason.WORKER_LOST,
-                    finished_at=ClockTimestamp(), error=_REDELIVERED_NOT_RUN,
-                )
-            elif (
-                redelivered
-                and run.reason == Run.Reason.WORKER_LOST
-                and _REDELIVERED_LATER not in run.error
-            ):
-                dropped["error"] = (run.error + _REDELIVERED_LATER)[:ERROR_LIMIT]
-            Run.objects.using(using).filter(pk=run.pk).update(**dropped)
+            _drop(run, redelivered, exclusive, using)
             return Execution(False, True, _suppressed_reason(run, exclusive), run.pk)
         fields: dict[str, object] = {
             "worker": worker[:255],
@@ -212,6 +185,44 @@ def begin_execution(
             fields.update(reason=reason, error="", finished_at=None)
         _start(run, fields, using)
     return Execution(True, True, reason, run.pk)
+
+
+def _locked_run(task_id: str, using: str) -> Run | None:
+    """The run of ``task_id``, locked FOR UPDATE, with its task's worker-loss policy
+    (``worker_lost``): a live run first, a cancelled one only when no other has this task id."""
+    return (
+        Run.objects.using(using)
+        .filter(task_id=task_id)
+        .annotate(worker_lost=_WORKER_LOST)
+        .select_for_update()
+        .order_by(
+            Case(
+                When(status=Run.Status.CANCELLED, then=1),
+                default=0,
+                output_field=IntegerField(),
+            ),
+            "-pk",
+        )
+        .first()
+    )
+
+
+def _drop(run: Run, redelivered: bool, exclusive: bool, using: str) -> None:
+    """Count a dropped delivery on ``run``; a redelivery after its worker died closes it (policy
+    fail), and one of a run already closed "worker lost" is noted in its error."""
+    dropped: dict[str, object] = {"suppressed": F("suppressed") + 1}
+    if exclusive and redelivered and run.status == Run.Status.RUNNING:
+        dropped.update(  # worker-loss policy fail: the crash ends the run here
+            status=Run.Status.FAILED, reason=Run.Reason.WORKER_LOST,
+            finished_at=ClockTimestamp(), error=_REDELIVERED_NOT_RUN,
+        )
+    elif (
+        redelivered
+        and run.reason == Run.Reason.WORKER_LOST
+        and _REDELIVERED_LATER not in run.error
+    ):
+        dropped["error"] = (run.error + _REDELIVERED_LATER)[:ERROR_LIMIT]
+    Run.objects.using(using).filter(pk=run.pk).update(**dropped)
 
 
 _NOT_PLANNED_YET = (

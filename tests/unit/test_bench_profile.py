@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.profile import profiled, summary
+from bench.profile import per_execution, profiled, summary
 
 PACKAGES = "/srv/.venv/lib/python3.11/site-packages"
 
@@ -32,6 +32,24 @@ def test_a_function_counts_once_per_stack_inclusive_and_on_top_as_self(tmp_path)
     assert "| `claim (scheduling/ledger/claim.py)` | 80.0 % | 20.0 % |" in inclusive
     assert "| `execute (psycopg/cursor.py)` | 60.0 % | 60.0 % |" in inclusive
     assert "| `send_task (celery/app/base.py)` | 20.0 % | 20.0 % |" in inclusive
+
+
+def test_per_execution_puts_each_stack_in_its_first_part_and_counts_milliseconds(tmp_path):
+    pool = tmp_path / "pool-1.txt"
+    pool.write_text(
+        "trace_task (celery/app/trace.py:1);guard (scheduling/guard.py:2);"
+        "_Liveness.start (scheduling/guard.py:3) 30\n"
+        "trace_task (celery/app/trace.py:1);_Liveness.finish (scheduling/guard.py:4) 20\n"
+        "trace_task (celery/app/trace.py:1);noop (project/tasks.py:1) 4\n"
+        "workloop (billiard/pool.py:1);_recv (billiard/connection.py:2) 40\n"
+        "main (x.py:1) 6\n"
+    )
+    parts = [("start", ("_Liveness.start",)), ("outcome", ("_Liveness.finish",)),
+             ("unused", ("record_started",)), ("trace", ("trace_task",)), ("waiting", ("_recv",))]
+    shares = per_execution([pool], 10, parts)  # 100 samples at 100 Hz: 1 s over 10 executions
+    assert [(name, round(ms, 6)) for name, ms in shares] == [
+        ("start", 30.0), ("outcome", 20.0), ("trace", 4.0), ("waiting", 40.0), ("other", 6.0)
+    ]
 
 
 @pytest.mark.skipif(

@@ -286,12 +286,6 @@ def test_the_django_rule_catches_each_form():
 #: Longest function and module of the app, in lines (a function from its ``def`` to its last line).
 FUNCTION_LINES = 60
 MODULE_LINES = 500
-#: Functions allowed past FUNCTION_LINES, by path and name. Issue 35's rewrite of the worker's
-#: writes removes both; the entries go with it.
-LONG_FUNCTIONS_ALLOWED = frozenset({
-    ("scheduling/guard.py", "guard"),
-    ("scheduling/ledger/execution.py", "begin_execution"),
-})
 
 
 def oversized(tree: ast.Module, lines: int) -> list[tuple[int, str]]:
@@ -312,10 +306,7 @@ def test_no_function_of_the_app_over_60_lines_and_no_module_over_500():
     breaches = {}
     for path, tree in _sources(APP):
         where = str(path.relative_to(ROOT))
-        found = [
-            (line, what) for line, what in oversized(tree, len(path.read_text().splitlines()))
-            if (where, what.split(":")[0]) not in LONG_FUNCTIONS_ALLOWED
-        ]
+        found = oversized(tree, len(path.read_text().splitlines()))
         if found:
             breaches[where] = found
     assert breaches == {}
