@@ -106,7 +106,12 @@ def test_replica_killed_between_publish_and_commit_is_replaced_within_2s(
 ):
     """Invariant 2 / acceptance 4: the orphaned claim is re-published, same task id, within 2 s."""
     task = make_task(clocked=ledger.database_now() + timedelta(seconds=3), name="failover")
-    deployment.start_beat("paused", pause_after_publish=120)
+    # The paused replica's server-side bound outlasts its pause: with the default 10 s the
+    # server ended its transaction (and the rescuer claimed) when the rescuer took that long to
+    # start on a busy machine; here only the kill may release the row.
+    deployment.start_beat(
+        "paused", pause_after_publish=120, SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT="300"
+    )
     deployment.wait_for_log("paused", "test pause: published", timeout=60)
     published = _published_ids(deployment, "paused")
     run = Run.objects.get(periodic_task=task)
