@@ -120,7 +120,7 @@ def guard(request: Any, task_id: str) -> None:
         )
         time.sleep(RETRY_DELAY)
         raise Reject(f"ledger unreachable: {exc}", requeue=True) from exc
-    database.reached()
+    database.reached(session=liveness.address())
     if decision is None:  # started: released with the outcome, or at task_postrun
         setattr(request, LOCK_ATTRIBUTE, key)
         return
@@ -355,6 +355,14 @@ class _Liveness:
                 self._execute(queries["release_execution_lock"], key)
             except self.errors:
                 logger.warning("could not release execution lock %s; dropped the session", key)
+
+    def address(self) -> str:
+        """``host:port`` of the server this process's session is on (after a failover, the
+        promoted standby), "" while it has none. No query; never raises."""
+        try:
+            return f"{self._conn.info.host}:{self._conn.info.port}" if self._mine() else ""
+        except Exception:  # noqa: BLE001 - closed meanwhile: no address to tell
+            return ""
 
     def backend_pid(self) -> int | None:
         """The server process id of this process's session, or None while it has none."""

@@ -34,9 +34,11 @@ class DatabaseReach:
         if self._pid != os.getpid():  # a pool process starts with its parent's state
             self._lost_since, self._address, self._pid = None, "", os.getpid()
 
-    def reached(self, using: str = "default") -> None:
-        """Note a statement that succeeded on ``using``; log the return after an outage."""
-        address = server_address(using)
+    def reached(self, using: str = "default", session: str = "") -> None:
+        """Note a statement that succeeded on ``using``, or on the session at ``session``
+        (``host:port`` of the guard's own session, which the caller names); log the return
+        after an outage."""
+        address = session or server_address(using)
         with self._mutex:
             self._fork_safe()
             self._address = address or self._address

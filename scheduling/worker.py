@@ -83,7 +83,7 @@ def record(
                 return False
             time.sleep(wait)
             continue
-        database.reached()
+        database.reached(session=guard.liveness.address())
         return done
 
 
