@@ -12,6 +12,8 @@ for the guard, ``worker`` (the Celery worker's node name):
   their grace period: ``missed`` (recorded missed), ``coalesced`` (the slots a coalesced run
   stands for), ``caught_up`` (dispatched late, one by one, under catch up);
 - ``scheduling_runs_skipped_total{task, replica}``: runs recorded skipped by the overlap policy;
+- ``scheduling_runs_buffered_total{task, replica}``: runs recorded buffered by overlap policy
+  buffer_one (each waits for its task's unfinished run, and counts again if buffered again);
 - ``scheduling_duplicates_suppressed_total{task, worker}``: duplicate deliveries the worker guard
   dropped (``scheduling.guard``);
 - ``scheduling_runs_republished_total{task, replica, cause}``: runs a replica published again
@@ -87,6 +89,11 @@ MISFIRED_SLOTS = Counter(
 RUNS_SKIPPED = Counter(
     "scheduling_runs_skipped", "Runs recorded skipped by the overlap policy.", ["task", "replica"]
 )
+RUNS_BUFFERED = Counter(
+    "scheduling_runs_buffered",
+    "Runs recorded buffered behind their task's unfinished run (overlap policy buffer_one).",
+    ["task", "replica"],
+)
 DUPLICATES_SUPPRESSED = Counter(
     "scheduling_duplicates_suppressed",
     "Duplicate deliveries of a run dropped by the worker guard without running the body.",
@@ -157,6 +164,8 @@ def _observe_claim(dispatched: Iterable[Dispatched], replica: str, seconds: floa
                 LATENESS.labels(task, replica).observe(item.lateness)
         elif item.status == Run.Status.SKIPPED:
             RUNS_SKIPPED.labels(task, replica).inc()
+        elif item.status == Run.Status.BUFFERED:
+            RUNS_BUFFERED.labels(task, replica).inc()
         if item.misfire:
             MISFIRED_SLOTS.labels(task, replica, item.misfire).inc(item.misfired_slots)
 

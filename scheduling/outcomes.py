@@ -39,6 +39,8 @@ OUTCOMES = (
         "running", "running",
         (Run.Status.DISPATCHED, Run.Status.RUNNING, Run.Status.RETRYING), "#1f6fb8",
     ),
+    #: Waiting for its task's unfinished run (overlap policy buffer_one).
+    Outcome("buffered", "buffered", (Run.Status.BUFFERED,), "#4aa3a0", "#0b2a2a"),
     Outcome("pending", "pending", (Run.Status.PENDING,), "#8cc4f0", "#0b2a44"),
 )
 _OUTCOME_OF = {status: outcome for outcome in OUTCOMES for status in outcome.statuses}

@@ -16,7 +16,16 @@ from cron_descriptor import (
     Options,
     WrongArgumentException,
 )
-from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, QuerySet, Subquery
+from django.db.models import (
+    Count,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    QuerySet,
+    Subquery,
+)
+from django.db.models.functions import Coalesce
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from scheduling.clock import database_now
@@ -54,7 +63,8 @@ class TaskStatus:
     database clock (``scheduling.upcoming``), as many as asked for; ``upcoming_error``: why the
     schedule gives none (a ScheduleError's text), else "". ``paused``: the task's open pause,
     None when it is not paused; a paused task has no upcoming slot (resuming plans the first slot
-    after the resume).
+    after the resume). ``buffered``: its runs waiting for an unfinished run of the task (overlap
+    policy buffer_one: 0 or 1).
     """
 
     name: str
@@ -67,6 +77,7 @@ class TaskStatus:
     upcoming: tuple[UpcomingRun, ...] = ()
     upcoming_error: str = ""
     paused: Paused | None = None
+    buffered: int = 0
 
 
 def with_status(tasks: QuerySet[PeriodicTask]) -> QuerySet[PeriodicTask]:
@@ -75,14 +86,18 @@ def with_status(tasks: QuerySet[PeriodicTask]) -> QuerySet[PeriodicTask]:
     ``next_run`` (the earliest pending run's slot), ``last_status`` and ``last_run`` (the newest
     run by slot that is neither pending nor cancelled), ``lateness`` (a timedelta: dispatched_at
     - due_at of the newest dispatched scheduled run) and ``paused_at``, ``paused_by``,
-    ``paused_why`` (the open pause; NULL when not paused): subqueries, so a page of tasks is one
-    query whatever its length.
+    ``paused_why`` (the open pause; NULL when not paused) and ``buffered`` (its buffered runs):
+    subqueries, so a page of tasks is one query whatever its length.
     """
     pause = Pause.objects.open().filter(periodic_task=OuterRef("pk")).order_by()
     runs = Run.objects.filter(periodic_task=OuterRef("pk"))
     pending = runs.pending().order_by("scheduled_for", "pk")
     last = runs.exclude(status__in=(Run.Status.PENDING, Run.Status.CANCELLED)).order_by(
         "-scheduled_for", "-pk"
+    )
+    buffered = (
+        runs.filter(status=Run.Status.BUFFERED).order_by().values("periodic_task")
+        .annotate(n=Count("pk"))
     )
     dispatched = (
         runs.scheduled()
@@ -102,6 +117,7 @@ def with_status(tasks: QuerySet[PeriodicTask]) -> QuerySet[PeriodicTask]:
         paused_at=Subquery(pause.values("paused_at")[:1]),
         paused_by=Subquery(pause.values("paused_by")[:1]),
         paused_why=Subquery(pause.values("why")[:1]),
+        buffered=Coalesce(Subquery(buffered.values("n")[:1]), 0),
     )
 
 
@@ -131,6 +147,7 @@ def task_statuses(upcoming: int = 0) -> list[TaskStatus]:
             last_run=task.last_run,
             lateness=seconds(task.lateness),
             paused=paused,
+            buffered=task.buffered,
             **_upcoming(task, now, 0 if paused else upcoming),
         ))
     return statuses

@@ -6,7 +6,13 @@ The claim is the row lock of ``SELECT ... FOR UPDATE SKIP LOCKED`` (the statemen
 long as this transaction: commit, rollback, or the connection dying all end it (invariant 2).
 Each claimed run is decided by ``decision.decide`` (pure: load error, deleted or disabled task,
 expiry, pause, misfire policy, overlap policy) and the decision is applied in one place
-(``_Batch.apply``): publish, close, record missed or skipped, then plan the next slot.
+(``_Batch.apply``): publish, close, record missed, skipped or buffered, then plan the next slot.
+
+Overlap policy buffer_one: a run due while its task is busy is recorded buffered
+(``buffered_at``: now) when no run of its task is buffered (in the ledger, or earlier in this
+batch), else skipped; the next slot is planned as usual. A buffered run made pending again when
+the busy run ended (schema.sql, ``release_buffered``) is dispatched without the misfire policy,
+and no slot is planned after it (``decision.decide``, ``released``).
 """
 
 from __future__ import annotations
@@ -45,7 +51,10 @@ Publish = Callable[[Message], None]
 #: per this many messages, and no message waits for the whole batch to be built.
 FLUSH_EVERY = 16
 #: The run fields a claim writes back.
-_CLAIM_FIELDS = ("status", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at")
+_CLAIM_FIELDS = (
+    "status", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at",
+    "buffered_at",
+)
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,7 @@ def claim_and_dispatch(
     ``overlap_stale_seconds``, else ``SCHEDULING_OVERLAP_STALE_SECONDS``), or dispatched earlier in
     this batch, is recorded skipped with the reason, and the next slot is planned as usual. The
     claim query loads the policy and the newest unfinished run's dispatch time with each row.
+    Overlap policy buffer_one buffers the first such run instead (module doc).
     """
     with transaction.atomic(using=using):
         claimed = claim_due(batch_size, using, floor)
@@ -143,6 +153,7 @@ class _Batch:
         self.missed: list[Run] = []
         self.task_updates: dict[int, TaskUpdate] = {}
         self.busy: set[int] = set()  # tasks with a run dispatched in this claim
+        self.waiting: set[int] = set()  # tasks with a run buffered in this claim
         self.unplanned: set[int] = set()
         self.unsent: list[ClaimedRun] = []
 
@@ -184,6 +195,8 @@ class _Batch:
             now=now, grace=self.grace, default_stale=self.default_stale,
             load_error=run.load_error, pause=run.pause,
             in_batch=run.periodic_task_id in self.busy, busy_since=run.busy_since,
+            waiting=bool(run.waiting) or run.periodic_task_id in self.waiting,
+            released=run.buffered_at is not None,
         )
         if decision.plan_error:
             logger.error(
@@ -208,6 +221,10 @@ class _Batch:
                 self.record_missed(run, decision, now)
             case Kind.CLOSE | Kind.SKIP:
                 close(run, decision.status, decision.reason or "", now, error=decision.error)
+            case Kind.BUFFER:
+                run.status, run.reason = decision.status, decision.reason or ""
+                run.buffered_at = run.buffered_at or now
+                self.waiting.add(run.periodic_task_id)
 
     def dispatch(self, run: ClaimedRun, now: datetime) -> None:
         """Publish the run (failed when its message is rejected) and mark it dispatched."""
@@ -268,7 +285,7 @@ class _Batch:
         if decision.next_slot is not None:
             self.following.append((task, decision.next_slot))
         elif (
-            not decision.over and task.enabled and run.status != Run.Status.CANCELLED
+            not decision.planned and not decision.over and task.enabled and run.status != Run.Status.CANCELLED
             and run.pause is None
         ):
             self.unplanned.add(task.pk)  # its schedule gave no next slot: reconcile says why
@@ -318,6 +335,9 @@ def _dispatched(run: ClaimedRun) -> Dispatched:
     )
 
 
+_ACTIONS = {Run.Status.SKIPPED: "skip", Run.Status.BUFFERED: "buffer"}
+
+
 def _log(done: Dispatched, replica_id: str) -> None:
     if done.status == Run.Status.DISPATCHED:
         logger.info(
@@ -325,10 +345,10 @@ def _log(done: Dispatched, replica_id: str) -> None:
             done.periodic_task_name, done.task_id, done.lateness or 0.0,
             extra={"action": "dispatch", "replica": replica_id},
         )
-    elif done.status == Run.Status.SKIPPED:
+    elif done.status in (Run.Status.SKIPPED, Run.Status.BUFFERED):
         logger.info(
-            "skipped %s (task id %s): %s", done.periodic_task_name, done.task_id, done.reason,
-            extra={"action": "skip", "replica": replica_id},
+            "%s %s (task id %s): %s", done.status, done.periodic_task_name, done.task_id,
+            done.reason, extra={"action": _ACTIONS[done.status], "replica": replica_id},
         )
     elif done.status == Run.Status.CANCELLED:
         logger.info(
@@ -354,7 +374,7 @@ def _load_pauses(claimed: list[ClaimedRun], using: str) -> None:
 def _link_pauses(claimed: list[ClaimedRun], using: str) -> None:
     """Link each pause to the first run it skipped (the row ``ledger.resume`` completes)."""
     for run in claimed:
-        if run.pause is not None and run.status == Run.Status.SKIPPED:
+        if run.pause is not None and run.status == Run.Status.SKIPPED and run.buffered_at is None:
             Pause.objects.using(using).filter(pk=run.pause.pk, run__isnull=True).update(
                 run=run.id
             )

@@ -126,9 +126,11 @@ class ClaimedRun:
 
     Read: ``id``, ``periodic_task_id``, ``periodic_task_name``, ``trigger``, ``scheduled_for``,
     ``due_at``, ``task_id``; written back (``ledger.writes.update_runs``): ``status``,
-    ``reason``, ``slots``, ``claimed_by``, ``dispatched_at``, ``error``, ``finished_at``.
-    ``db_now`` is the database clock at the claim; ``busy_since`` the newest dispatch of an
-    unfinished run of the same task (read for overlap policy skip only); ``pause_id`` the task's
+    ``reason``, ``slots``, ``claimed_by``, ``dispatched_at``, ``error``, ``finished_at``,
+    ``buffered_at`` (set: a buffered run, or one released to pending again). ``db_now`` is the
+    database clock at the claim; ``busy_since`` the newest dispatch of an unfinished run of the
+    same task (read for overlap policies skip and buffer_one only); ``waiting`` whether the task
+    has a buffered run (buffer_one only; None otherwise); ``pause_id`` the task's
     open pause (``Pause``), None when it is not paused, and ``pause`` that row, loaded by the
     claim for the paused runs only. ``periodic_task`` is None when the task was deleted. The
     claim fills in ``load_error`` (the task's schedule cannot be loaded), ``misfire`` (the
@@ -136,20 +138,20 @@ class ClaimedRun:
     recorded missed after it).
     """
 
-    # The first 16 in the statement's column order (``COLUMNS``), then the working state.
+    # The first 18 in the statement's column order (``COLUMNS``), then the working state.
     __slots__ = (  # noqa: RUF023
         "id", "periodic_task_id", "periodic_task_name", "trigger", "scheduled_for", "due_at",
         "task_id", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at",
-        "db_now", "busy_since", "pause_id", "status", "periodic_task", "pause", "load_error",
-        "misfire", "missed_after",
+        "buffered_at", "db_now", "busy_since", "waiting", "pause_id", "status", "periodic_task",
+        "pause", "load_error", "misfire", "missed_after",
     )
 
     def __init__(self, row: Sequence[object], task: ClaimedTask | None, load_error: str) -> None:
         (
             self.id, self.periodic_task_id, self.periodic_task_name, self.trigger,
             self.scheduled_for, self.due_at, self.task_id, self.reason, self.slots,
-            self.claimed_by, self.dispatched_at, self.error, self.finished_at, self.db_now,
-            self.busy_since, self.pause_id,
+            self.claimed_by, self.dispatched_at, self.error, self.finished_at, self.buffered_at,
+            self.db_now, self.busy_since, self.waiting, self.pause_id,
         ) = row[:_TASK]
         self.status: str = Run.Status.PENDING
         self.periodic_task = task
@@ -171,9 +173,9 @@ class ClaimedRun:
         return self.dispatched_at - (self.due_at or self.scheduled_for)
 
 
-#: Where each part of a row starts: the run's columns, the clock and the two subqueries (16),
+#: Where each part of a row starts: the run's columns, the clock and the three subqueries (18),
 #: the task's own columns, then each schedule's, the policy's and the version.
-_TASK = 16
+_TASK = 18
 _INTERVAL = _TASK + len(ClaimedTask._fields) - 6
 _CRONTAB = _INTERVAL + len(Interval._fields)
 _SOLAR = _CRONTAB + len(Crontab._fields)

@@ -8,8 +8,12 @@ decision in one place. The order of the rules: load error, deleted task, disable
 pause, then the misfire policy (``policy.misfire``, ``policy.one_off_misfire``), then the overlap
 policy (``policy.overlap``). Rules: DESIGN.md "Run lifecycle" and "Time semantics".
 
-Overlap policy ``buffer_one`` (a run waiting for the busy one) is not a decision here: that
-policy does not exist yet.
+Overlap policy ``buffer_one`` (Temporal's BUFFER_ONE; docs/lifecycle.md): a run due while its
+task is busy waits, recorded ``buffered`` (BUFFER), when no other run of the task waits; else it
+is skipped like under overlap skip. A buffered run is made pending again by the database when the
+busy run ends (schema.sql, ``release_buffered``), and its claim (``released``) dispatches it
+without asking the misfire policy or planning a slot (its next slot was planned when it was
+buffered); still busy (another run started meanwhile), it is buffered again.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any, NamedTuple
 from scheduling import slots
 from scheduling.exceptions import ScheduleError
 from scheduling.ledger.policy import MisfireDecision, misfire, one_off_misfire, overlap
-from scheduling.models import Run
+from scheduling.models import Run, TaskPolicy
 
 
 class Kind(enum.StrEnum):
@@ -35,6 +39,8 @@ class Kind(enum.StrEnum):
     MISS = "miss"
     #: Overlap policy skip, or a paused task: recorded ``skipped``.
     SKIP = "skip"
+    #: Overlap policy buffer_one: recorded ``buffered``, dispatched when the busy run ends.
+    BUFFER = "buffer"
 
 
 class Decision(NamedTuple):
@@ -47,6 +53,8 @@ class Decision(NamedTuple):
     planned), ``over`` whether its task's schedule ended with it (the task is disabled).
     ``misfire`` is the misfire policy's decision when the run was late, and ``plan_error`` why
     the schedule gave no next slot (a ``ScheduleError``; the run is decided as if on time).
+    ``planned``: the slot after the run was planned before (a released buffered run), so none is
+    planned now and none is missing.
     """
 
     kind: Kind
@@ -58,6 +66,7 @@ class Decision(NamedTuple):
     over: bool = False
     misfire: MisfireDecision | None = None
     plan_error: str = ""
+    planned: bool = False
 
 
 def decide(
@@ -73,6 +82,8 @@ def decide(
     pause: Any = None,
     in_batch: bool = False,
     busy_since: datetime | None = None,
+    waiting: bool = False,
+    released: bool = False,
 ) -> Decision:
     """Decide one claimed run of ``task`` (None: deleted) at ``slot`` with trigger ``trigger``.
 
@@ -82,13 +93,17 @@ def decide(
     ``load_error`` says why the task's schedule could not be loaded (the run fails), ``pause``
     is the task's open ``Pause`` (anything with ``paused_by`` and ``why``) for a scheduled run.
     ``in_batch``: a run of the task was dispatched earlier in this claim; ``busy_since``: the
-    newest dispatch of an unfinished run of the task. Raises nothing but what the schedule's
-    maths raises besides ``ScheduleError`` (which becomes ``plan_error``).
+    newest dispatch of an unfinished run of the task. ``waiting``: a run of the task is
+    buffered already (in the ledger or earlier in this claim); ``released``: this run was
+    buffered and is pending again (its ``buffered_at`` is set). Raises nothing but what the
+    schedule's maths raises besides ``ScheduleError`` (which becomes ``plan_error``).
     """
     ended = _ended(task, trigger, slot, load_error, pause)
     if ended is not None:
-        return ended
-    if trigger != Run.Trigger.SCHEDULE:
+        return ended._replace(planned=released)
+    if released:
+        decision = Decision(Kind.DISPATCH, Run.Status.DISPATCHED, planned=True)
+    elif trigger != Run.Trigger.SCHEDULE:
         decision = Decision(Kind.DISPATCH, Run.Status.DISPATCHED)
     elif task.one_off:
         decision = _one_off(task, slot, due, now, grace)
@@ -100,9 +115,18 @@ def decide(
         task, trigger, slot, in_batch=in_batch, busy_since=busy_since, now=now,
         default_stale=default_stale,
     )
-    if why:
+    if not why:
+        return decision
+    if task.scheduling_policy.overlap_policy != TaskPolicy.Overlap.BUFFER_ONE:
         return decision._replace(kind=Kind.SKIP, status=Run.Status.SKIPPED, reason=why)
-    return decision
+    since = None if in_batch else busy_since
+    if waiting:
+        return decision._replace(
+            kind=Kind.SKIP, status=Run.Status.SKIPPED, reason=Run.Reason.buffer_full(since)
+        )
+    return decision._replace(
+        kind=Kind.BUFFER, status=Run.Status.BUFFERED, reason=Run.Reason.buffered(since)
+    )
 
 
 def _ended(task: Any, trigger: str, slot: datetime, load_error: str, pause: Any) -> Decision | None:

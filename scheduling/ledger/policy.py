@@ -180,6 +180,10 @@ def one_off_misfire(
     return MisfireDecision(MisfireDecision.MISSED, Run.Reason.missed(kind, lateness, grace), None)
 
 
+#: The overlap policies under which an unfinished run keeps the next one from dispatching.
+_WAITING = (TaskPolicy.Overlap.SKIP, TaskPolicy.Overlap.BUFFER_ONE)
+
+
 def overlap(
     task: PeriodicTask | None,
     trigger: str,
@@ -192,8 +196,9 @@ def overlap(
 ) -> str:
     """Return why a run is skipped under its task's overlap policy, or "" to dispatch it.
 
-    Overlap policy skip (``TaskPolicy``) applies to scheduled and backfill runs, not manual ones:
-    a run is skipped while an earlier run of its task was dispatched in the same batch
+    Overlap policies skip and buffer_one (``TaskPolicy``) apply to scheduled and backfill runs,
+    not manual ones (under buffer_one the reason means "busy", and ``decision.decide`` buffers
+    the run when no other run of its task waits): a run is skipped while an earlier run of its task was dispatched in the same batch
     (``in_batch``), or is dispatched, running or retrying since ``busy_since`` (the newest such
     dispatch, aware UTC) less than the staleness bound ago (``overlap_stale_seconds``, else
     ``default_stale`` seconds: a lost worker cannot block the task forever). ``now`` is the
@@ -202,7 +207,7 @@ def overlap(
     if task is None or trigger == Run.Trigger.MANUAL:
         return ""
     policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
-    if policy is None or policy.overlap_policy != TaskPolicy.Overlap.SKIP:
+    if policy is None or policy.overlap_policy not in _WAITING:
         return ""
     if in_batch:
         return Run.Reason.OVERLAP_IN_BATCH

@@ -37,7 +37,9 @@ class Run(models.Model):
 
     Lifecycle: pending -> dispatched -> running -> succeeded | failed (retrying in between for
     Celery retries); dispatched -> expired (the message's ``expires`` passed before a worker took
-    it); pending -> missed | skipped | cancelled. The name of the periodic task and its Celery task
+    it); pending -> missed | skipped | cancelled; under overlap policy buffer_one, pending ->
+    buffered (due while its task was busy) -> pending again when the busy run ends
+    (``buffered_at`` kept: schema.sql's block ``release_buffered``) -> dispatched as above. The name of the periodic task and its Celery task
     are copied onto the row so the audit survives deleting the task.
 
     ``executions`` counts the deliveries whose task body the worker guard let run (retries and a
@@ -54,6 +56,7 @@ class Run(models.Model):
         FAILED = "failed"
         MISSED = "missed"
         SKIPPED = "skipped"
+        BUFFERED = "buffered"
         CANCELLED = "cancelled"
         EXPIRED = "expired"
 
@@ -120,6 +123,23 @@ class Run(models.Model):
         def overlap(since: datetime) -> str:
             """A run skipped because the run dispatched at ``since`` is not finished."""
             return f"overlap: the run dispatched at {since.isoformat()} is not finished"
+
+        @staticmethod
+        def buffered(since: datetime | None) -> str:
+            """A run that waited (overlap policy buffer_one) for the run dispatched at ``since``
+            (None: dispatched earlier in the same claim)."""
+            behind = "a run dispatched in the same batch" if since is None else (
+                f"the run dispatched at {since.isoformat()}"
+            )
+            return f"buffered: waited for {behind} to finish"
+
+        @staticmethod
+        def buffer_full(since: datetime | None) -> str:
+            """A run skipped because a run of its task already waits behind the busy one."""
+            busy = "a run dispatched in the same batch" if since is None else (
+                f"the run dispatched at {since.isoformat()}"
+            )
+            return f"overlap: a run already waits for {busy}"
 
         @staticmethod
         def republished(times: int, limit: int, timeout: timedelta) -> str:
@@ -208,6 +228,12 @@ class Run(models.Model):
         "\"republished\" | \"recovered\" | \"retry\", \"detail\": text}]; empty for a run "
         "that had none.",
     )
+    buffered_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the claim buffered the run behind its task's unfinished run (overlap "
+        "policy buffer one; database clock); kept once the run is released and dispatched.",
+    )
     overdue_at = models.DateTimeField(
         null=True,
         blank=True,
@@ -233,11 +259,20 @@ class Run(models.Model):
                 condition=Q(trigger="schedule") & ~Q(status="cancelled"),
                 name="scheduling_run_one_per_slot",
             ),
-            # Concurrent planners leave one pending scheduled run per task, never two.
+            # Concurrent planners leave one pending scheduled run per task, never two. A released
+            # buffered run (pending again, buffered_at set) is not one of them: the next slot was
+            # planned when it was buffered.
             models.UniqueConstraint(
                 fields=["periodic_task"],
-                condition=Q(trigger="schedule", status="pending"),
+                condition=Q(trigger="schedule", status="pending", buffered_at__isnull=True),
                 name="scheduling_run_one_pending_per_task",
+            ),
+            # Overlap policy buffer_one: at most one run of a task waits for the busy one. Also
+            # the index of the claim's "has this task a buffered run?" and of its release.
+            models.UniqueConstraint(
+                fields=["periodic_task"],
+                condition=Q(status="buffered"),
+                name="scheduling_run_one_buffered_per_task",
             ),
             # Backfills are idempotent: one backfill run per (periodic task, slot).
             models.UniqueConstraint(

@@ -23,6 +23,11 @@ class TaskPolicy(models.Model):
     class Overlap(models.TextChoices):
         ALLOW = "allow", "allow: runs may overlap"
         SKIP = "skip", "skip: no new run while the previous one is unfinished"
+        BUFFER_ONE = (
+            "buffer_one",
+            "buffer one: while a run is unfinished, the next waits and runs after it; "
+            "further slots are skipped",
+        )
 
     class WorkerLost(models.TextChoices):
         FAIL = "fail", "fail: close the run as worker lost"
@@ -49,7 +54,7 @@ class TaskPolicy(models.Model):
     overlap_stale_seconds = models.PositiveIntegerField(
         null=True,
         blank=True,
-        help_text="An unfinished run older than this no longer blocks (overlap skip). "
+        help_text="An unfinished run older than this no longer blocks (overlap skip, buffer one). "
         "Empty: the global setting.",
     )
 

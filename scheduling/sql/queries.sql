@@ -63,20 +63,26 @@ SELECT clock_timestamp(),
 -- (a stable bound: an index condition, invariant 5). With each run, the columns the claim reads
 -- (ledger.claimed turns a row into a ClaimedRun by position: the aliases are its attributes):
 -- the run's, the database clock, busy_since (the newest dispatch of an unfinished run of the
--- task, for overlap policy skip only: the partial index scheduling_run_unfinished), pause_id (the
+-- task, for overlap policies skip and buffer_one only: the partial index
+-- scheduling_run_unfinished), waiting (whether the task has a buffered run, for buffer_one only:
+-- the partial unique constraint scheduling_run_one_buffered_per_task), pause_id (the
 -- task's open pause: the partial unique constraint scheduling_pause_one_open_per_task), then its
 -- periodic task, schedule, policy and definition version (NULL when there is none). Statuses
 -- are literals, so a generic plan proves the partial indexes' predicates; the floor and the
 -- limit are the statement's only parameters, so one prepared statement serves every batch size.
 SELECT r.id, r.periodic_task_id, r.periodic_task_name, r.trigger, r.scheduled_for, r.due_at,
        r.task_id, r.reason, r.slots, r.claimed_by, r.dispatched_at, r.error, r.finished_at,
-       clock_timestamp() AS db_now,
-       CASE WHEN p.overlap_policy = 'skip' THEN
+       r.buffered_at, clock_timestamp() AS db_now,
+       CASE WHEN p.overlap_policy IN ('skip', 'buffer_one') THEN
            (SELECT u.dispatched_at FROM {run} u
             WHERE u.periodic_task_id = r.periodic_task_id
               AND u.status IN ('dispatched', 'running', 'retrying')
             ORDER BY u.dispatched_at DESC NULLS LAST LIMIT 1)
        END AS busy_since,
+       CASE WHEN p.overlap_policy = 'buffer_one' THEN
+           EXISTS (SELECT 1 FROM {run} b
+                   WHERE b.periodic_task_id = r.periodic_task_id AND b.status = 'buffered')
+       END AS waiting,
        (SELECT o.id FROM {pause} o
         WHERE o.periodic_task_id = r.periodic_task_id AND o.resumed_at IS NULL LIMIT 1) AS pause_id,
        t.id AS pk, t.name, t.task, t.enabled, t.one_off, t.start_time, t.expires,

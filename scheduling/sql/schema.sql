@@ -393,3 +393,51 @@ CREATE OR REPLACE TRIGGER scheduling_history_policy_delete
     AFTER DELETE ON scheduling_taskpolicy
     REFERENCING OLD TABLE AS scheduling_old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('policy', 'periodic_task_id');
+
+-- release_buffered --
+-- Overlap policy buffer_one (docs/lifecycle.md, "Overlap policy buffer_one"): when a run of a
+-- task leaves the unfinished statuses (dispatched, running, retrying) for any other, by whatever
+-- path (the worker's outcome, the lost-worker sweep, the delivery deadline's close, the admin,
+-- raw SQL), the task's buffered run is pending again, due now (clock_timestamp()), its
+-- buffered_at kept: the next claim dispatches it, or buffers it again while another run of the
+-- task is unfinished. Nothing to do (one primary-key probe, one probe of the partial unique
+-- index scheduling_run_one_buffered_per_task) unless the task's policy is buffer_one or it has a
+-- buffered run. A claim may be buffering a run of the task at this instant, having read the
+-- finishing run as unfinished: the task's due pending runs are locked first, which waits for that
+-- claim's commit (a claim holds its runs for its transaction, milliseconds), so the buffered run
+-- it commits is seen by the UPDATE after (a new snapshot) and released; a claim that starts later
+-- reads the run finished. BEFORE UPDATE OF periodic_task_id: a buffered run whose task is deleted
+-- (ON DELETE SET NULL) is pending again, for the claim or the reconcile pass to cancel.
+CREATE OR REPLACE FUNCTION scheduling_release_buffered() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_WHEN = 'BEFORE' THEN
+        NEW.status := 'pending';
+        RETURN NEW;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM scheduling_taskpolicy
+                   WHERE periodic_task_id = NEW.periodic_task_id
+                     AND overlap_policy = 'buffer_one')
+       AND NOT EXISTS (SELECT 1 FROM scheduling_run
+                       WHERE periodic_task_id = NEW.periodic_task_id AND status = 'buffered') THEN
+        RETURN NULL;
+    END IF;
+    PERFORM 1 FROM scheduling_run
+    WHERE periodic_task_id = NEW.periodic_task_id AND status = 'pending'
+      AND due_at <= clock_timestamp()
+    FOR UPDATE;
+    UPDATE scheduling_run SET status = 'pending', due_at = clock_timestamp()
+    WHERE periodic_task_id = NEW.periodic_task_id AND status = 'buffered';
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER scheduling_release_buffered AFTER UPDATE OF status ON scheduling_run
+    FOR EACH ROW
+    WHEN (OLD.status IN ('dispatched', 'running', 'retrying')
+          AND NEW.status NOT IN ('dispatched', 'running', 'retrying')
+          AND NEW.periodic_task_id IS NOT NULL)
+    EXECUTE FUNCTION scheduling_release_buffered();
+CREATE OR REPLACE TRIGGER scheduling_orphan_buffered BEFORE UPDATE OF periodic_task_id
+    ON scheduling_run FOR EACH ROW
+    WHEN (OLD.status = 'buffered' AND NEW.periodic_task_id IS NULL)
+    EXECUTE FUNCTION scheduling_release_buffered();

@@ -117,6 +117,64 @@ def test_overlap_skip_skips_a_run_while_the_task_is_busy_and_still_plans_the_nex
     )
 
 
+def test_buffer_one_buffers_the_first_run_due_while_the_task_is_busy_and_plans_the_next():
+    task = _task(TaskPolicy.Misfire.COALESCE, overlap=TaskPolicy.Overlap.BUFFER_ONE)
+    assert _decide(task, busy_since=_s(-30)) == Decision(
+        Kind.BUFFER, Run.Status.BUFFERED,
+        "buffered: waited for the run dispatched at 2025-06-02T11:59:30+00:00 to finish",
+        next_slot=_s(10),
+    )
+    assert _decide(task, in_batch=True) == Decision(
+        Kind.BUFFER, Run.Status.BUFFERED,
+        "buffered: waited for a run dispatched in the same batch to finish",
+        next_slot=_s(10),
+    )
+    assert _decide(task) == Decision(  # not busy: dispatched, nothing waits
+        Kind.DISPATCH, Run.Status.DISPATCHED, next_slot=_s(10)
+    )
+
+
+def test_buffer_one_skips_a_run_due_while_another_already_waits():
+    task = _task(TaskPolicy.Misfire.COALESCE, overlap=TaskPolicy.Overlap.BUFFER_ONE)
+    assert _decide(task, busy_since=_s(-30), waiting=True) == Decision(
+        Kind.SKIP, Run.Status.SKIPPED,
+        "overlap: a run already waits for the run dispatched at 2025-06-02T11:59:30+00:00",
+        next_slot=_s(10),
+    )
+    assert _decide(task, waiting=True) == Decision(  # a waiting run, nothing busy: dispatched
+        Kind.DISPATCH, Run.Status.DISPATCHED, next_slot=_s(10)
+    )
+
+
+def test_buffer_one_follows_the_staleness_bound_and_leaves_manual_runs_alone():
+    task = _task(TaskPolicy.Misfire.COALESCE, overlap=TaskPolicy.Overlap.BUFFER_ONE)
+    assert _decide(task, busy_since=_s(-3600), waiting=True) == Decision(  # stale: 3,601 s
+        Kind.DISPATCH, Run.Status.DISPATCHED, next_slot=_s(10)
+    )
+    assert _decide(task, trigger=Run.Trigger.MANUAL, busy_since=_s(-30)) == Decision(
+        Kind.DISPATCH, Run.Status.DISPATCHED
+    )
+
+
+def test_a_released_buffered_run_is_dispatched_without_misfire_or_planning():
+    task = _task(TaskPolicy.Misfire.SKIP, overlap=TaskPolicy.Overlap.BUFFER_ONE)
+    # 67 s after its slot, past the 5 s grace: no misfire, its wait was the policy's
+    assert _decide(task, now=_s(67), released=True) == Decision(
+        Kind.DISPATCH, Run.Status.DISPATCHED, planned=True
+    )
+    assert _decide(task, released=True, busy_since=_s(-30)) == Decision(  # busy again
+        Kind.BUFFER, Run.Status.BUFFERED,
+        "buffered: waited for the run dispatched at 2025-06-02T11:59:30+00:00 to finish",
+        planned=True,
+    )
+    assert _decide(task, released=True, pause=Pause(paused_by="ops", why="")) == Decision(
+        Kind.SKIP, Run.Status.SKIPPED, "paused by ops", planned=True
+    )
+    assert _decide(_task(enabled=False), released=True) == Decision(
+        Kind.CLOSE, Run.Status.CANCELLED, "periodic task disabled", planned=True
+    )
+
+
 def test_a_missed_run_is_not_also_skipped_for_overlap():
     task = _task(TaskPolicy.Misfire.SKIP, overlap=TaskPolicy.Overlap.SKIP)
     assert _decide(task, now=_s(67), in_batch=True).kind == Kind.MISS

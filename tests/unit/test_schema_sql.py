@@ -10,7 +10,7 @@ from scheduling.sql import SCHEMA_FILE, parse_schema, schema
 
 BLOCKS = [
     "run_periodic_task_set_null", "execution_lock_key", "run_due_at", "date_changed_not_ahead",
-    "change_log", "history",
+    "change_log", "history", "release_buffered",
 ]
 
 

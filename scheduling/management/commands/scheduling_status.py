@@ -12,7 +12,10 @@ from rich.table import Table
 
 from scheduling.overview import TaskStatus, format_time, task_statuses
 
-HEADERS = ("Task", "Schedule", "Enabled", "Paused", "Next run", "Last run", "Outcome", "Lateness")
+HEADERS = (
+    "Task", "Schedule", "Enabled", "Paused", "Next run", "Last run", "Outcome", "Lateness",
+    "Buffered",
+)
 UPCOMING_HEADER = "Upcoming"
 
 
@@ -33,6 +36,7 @@ def cells(row: TaskStatus, upcoming: bool = False, separator: str = "\n") -> tup
         format_time(row.last_run),
         row.last_status or "-",
         "-" if row.lateness is None else f"{row.lateness:.3f} s",
+        str(row.buffered),
     )
     if not upcoming:
         return main
@@ -47,7 +51,8 @@ class Command(BaseCommand):
         "Show every periodic task: its schedule in words, whether it is enabled, whether it is "
         "paused (since when, by whom, why), its next run (the ledger's pending run; none while "
         "paused), its last run's slot and outcome, and the lateness of its "
-        "last dispatched scheduled run; with --upcoming N, its next N slots (UTC, and in the "
+        "last dispatched scheduled run, and its runs buffered behind an unfinished one (overlap "
+        "policy buffer one); with --upcoming N, its next N slots (UTC, and in the "
         "task's own time zone). Times are UTC. On a terminal the table fits its width; piped, "
         "rows are not wrapped and lines carry no trailing spaces."
     )
@@ -108,6 +113,7 @@ def _json(row: TaskStatus, upcoming: bool) -> dict[str, object]:
         "last_run": row.last_run.isoformat() if row.last_run else None,
         "last_status": row.last_status,
         "lateness_seconds": row.lateness,
+        "buffered": row.buffered,
     }
     if upcoming:
         shown["upcoming"] = [run.as_json() for run in row.upcoming]
