@@ -116,8 +116,8 @@ class Conf:
         "other passes look only at what the change log names)."
     ))
     overlap_stale_seconds = Setting(3600.0, float, (
-        "Overlap policy skip: an unfinished run dispatched longer ago than this (seconds) no "
-        "longer blocks the next one (a lost worker cannot block a task forever). Per task: "
+        "Overlap policies skip and buffer_one: an unfinished run dispatched longer ago than this "
+        "(seconds) no longer blocks the next one (a lost worker cannot block a task forever). Per task: "
         "TaskPolicy.overlap_stale_seconds."
     ))
     statement_timeout = Setting(5.0, float, (
