@@ -10,8 +10,9 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from prometheus_client import REGISTRY
 
-from scheduling import ledger
+from scheduling import ledger, metrics
 from scheduling.models import Run, TaskPolicy
 from tests.integration.conftest import claim, claim_in_flight, make_due
 
@@ -188,3 +189,18 @@ def test_other_tasks_finishing_runs_touch_no_buffered_run(make_task, recorder):
         cursor.execute("UPDATE scheduling_run SET status = 'succeeded' WHERE id = %s", [elsewhere.pk])
     run.refresh_from_db()
     assert run.status == Run.Status.BUFFERED
+
+
+def test_metrics_count_the_buffered_and_the_skipped_runs(make_task, recorder, metrics_served):
+    task = _buffer_task(make_task)
+    _busy(task)
+    replica = f"replica-{uuid.uuid4().hex[:6]}"
+    for _ in range(2):  # the first due run is buffered, the next skipped
+        make_due(task)
+        metrics.observe_claim(claim(recorder, replica_id=replica), replica, 0.004)
+    labels = {"task": task.name, "replica": replica}
+    assert REGISTRY.get_sample_value("scheduling_runs_buffered_total", labels) == 1.0
+    assert REGISTRY.get_sample_value("scheduling_runs_skipped_total", labels) == 1.0
+    assert REGISTRY.get_sample_value(
+        "scheduling_runs_dispatched_total", {**labels, "trigger": "schedule"}
+    ) is None

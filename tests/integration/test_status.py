@@ -44,6 +44,8 @@ def seeded(make_task):
     # A backfill run dispatched later does not count for lateness; its slot is older.
     _run(weekly, Run.Status.SUCCEEDED, SLOT - timedelta(days=14), late=86400 * 20,
          trigger=Run.Trigger.BACKFILL)
+    # Waiting behind the dispatched run (overlap policy buffer_one): counted, not the last run.
+    _run(weekly, Run.Status.BUFFERED, SLOT - timedelta(days=21), buffered_at=SLOT)
 
     clocked = make_task(clocked=SLOT, name="c: one-off", enabled=False)
     _run(clocked, Run.Status.MISSED, SLOT)
@@ -55,15 +57,18 @@ def seeded(make_task):
 
 EXPECTED = [
     ("a: every 5 s", "every 5 seconds", "yes", "-", "2026-01-05 10:00:10 UTC",
-     "2026-01-05 10:00:05 UTC", "succeeded", "0.013 s"),
+     "2026-01-05 10:00:05 UTC", "succeeded", "0.013 s", "0"),
     ("b: weekly", "At 09:00, only on Monday (Europe/Berlin)", "yes", "-", "-",
-     "2026-01-05 10:00:00 UTC", "failed", "1.500 s"),
+     "2026-01-05 10:00:00 UTC", "failed", "1.500 s", "1"),
     ("c: one-off", "once at 2026-01-05 10:00:00 UTC", "no", "-", "-", "2026-01-05 10:00:00 UTC",
-     "missed", "-"),
-    ("d: never ran", "every minute, once", "yes", "-", "-", "-", "-", "-"),
-    ("e: solar", "Sunrise at 51.5, -0.12", "yes", "-", "-", "-", "-", "-"),
+     "missed", "-", "0"),
+    ("d: never ran", "every minute, once", "yes", "-", "-", "-", "-", "-", "0"),
+    ("e: solar", "Sunrise at 51.5, -0.12", "yes", "-", "-", "-", "-", "-", "0"),
 ]
-HEADER = ("Task", "Schedule", "Enabled", "Paused", "Next run", "Last run", "Outcome", "Lateness")
+HEADER = (
+    "Task", "Schedule", "Enabled", "Paused", "Next run", "Last run", "Outcome", "Lateness",
+    "Buffered",
+)
 
 
 def _status(*args: str) -> str:
@@ -88,12 +93,15 @@ def test_status_json(seeded):
         "last_run": "2026-01-05T10:00:05+00:00",
         "last_status": "succeeded",
         "lateness_seconds": 0.0125,
+        "buffered": 0,
     }
-    assert [(r["name"], r["last_status"], r["lateness_seconds"]) for r in rows[1:]] == [
-        ("b: weekly", "failed", 1.5),
-        ("c: one-off", "missed", None),
-        ("d: never ran", None, None),
-        ("e: solar", None, None),
+    assert [
+        (r["name"], r["last_status"], r["lateness_seconds"], r["buffered"]) for r in rows[1:]
+    ] == [
+        ("b: weekly", "failed", 1.5, 1),
+        ("c: one-off", "missed", None, 0),
+        ("d: never ran", None, None, 0),
+        ("e: solar", None, None, 0),
     ]
 
 
