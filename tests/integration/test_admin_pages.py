@@ -51,7 +51,7 @@ def _marks(html: str, task: str) -> list[tuple[str, str, int]]:
 
 
 OUTCOME_CELLS = ("succeeded", "failed", "expired", "missed", "skipped", "cancelled", "running",
-                 "pending")
+                 "buffered", "pending")
 
 
 def test_health_page_counts_lateness_and_escaping(staff):

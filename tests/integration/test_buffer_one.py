@@ -204,3 +204,21 @@ def test_metrics_count_the_buffered_and_the_skipped_runs(make_task, recorder, me
     assert REGISTRY.get_sample_value(
         "scheduling_runs_dispatched_total", {**labels, "trigger": "schedule"}
     ) is None
+
+
+def test_the_admin_offers_the_policy_and_filters_buffered_runs(client, make_task, recorder):
+    from django.contrib.auth.models import User
+    from django.urls import reverse
+
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    busy, run = _buffered(make_task, recorder)
+    task_page = client.get(
+        reverse("admin:django_celery_beat_periodictask_change", args=[run.periodic_task_id])
+    ).content.decode()
+    assert '<option value="buffer_one" selected>' in task_page
+    runs = reverse("admin:scheduling_run_changelist")
+    listed = client.get(runs, {"status__exact": "buffered"}).content.decode()
+    assert "?status__exact=buffered" in client.get(runs).content.decode()  # a filter choice
+    assert reverse("admin:scheduling_run_change", args=[run.pk]) in listed
+    assert reverse("admin:scheduling_run_change", args=[busy.pk]) not in listed
+    assert "run-badge-buffered" in listed

@@ -40,7 +40,7 @@ def test_the_statement_gives_the_columns_the_claimed_run_and_task_read_in_order(
         cursor.execute(queries["claim"], {"floor": ledger.NO_FLOOR, "limit": 1})
         names = tuple(column.name for column in cursor.description)
     assert names == claimed.COLUMNS
-    assert len(names) == 57
+    assert len(names) == 59
 
 
 def test_a_claimed_task_holds_what_its_models_hold(make_task):
