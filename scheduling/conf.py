@@ -117,8 +117,8 @@ class Conf:
     ))
     overlap_stale_seconds = Setting(3600.0, float, (
         "Overlap policies skip and buffer_one: an unfinished run dispatched longer ago than this "
-        "(seconds) no longer blocks the next one (a lost worker cannot block a task forever). Per task: "
-        "TaskPolicy.overlap_stale_seconds."
+        "(seconds) no longer blocks the next one (a lost worker cannot block a task forever). "
+        "Per task: TaskPolicy.overlap_stale_seconds."
     ))
     statement_timeout = Setting(5.0, float, (
         "statement_timeout of the scheduler's session, seconds."

@@ -285,8 +285,8 @@ class _Batch:
         if decision.next_slot is not None:
             self.following.append((task, decision.next_slot))
         elif (
-            not decision.planned and not decision.over and task.enabled and run.status != Run.Status.CANCELLED
-            and run.pause is None
+            not decision.planned and not decision.over and task.enabled
+            and run.status != Run.Status.CANCELLED and run.pause is None
         ):
             self.unplanned.add(task.pk)  # its schedule gave no next slot: reconcile says why
 

@@ -198,10 +198,11 @@ def overlap(
 
     Overlap policies skip and buffer_one (``TaskPolicy``) apply to scheduled and backfill runs,
     not manual ones (under buffer_one the reason means "busy", and ``decision.decide`` buffers
-    the run when no other run of its task waits): a run is skipped while an earlier run of its task was dispatched in the same batch
-    (``in_batch``), or is dispatched, running or retrying since ``busy_since`` (the newest such
-    dispatch, aware UTC) less than the staleness bound ago (``overlap_stale_seconds``, else
-    ``default_stale`` seconds: a lost worker cannot block the task forever). ``now`` is the
+    the run when no other run of its task waits): a run is skipped while an earlier run of its
+    task was dispatched in the same batch (``in_batch``), or is dispatched, running or retrying
+    since ``busy_since`` (the newest such dispatch, aware UTC) less than the staleness bound ago
+    (``overlap_stale_seconds``, else ``default_stale`` seconds: a lost worker cannot block the
+    task forever). ``now`` is the
     database clock of the claim.
     """
     if task is None or trigger == Run.Trigger.MANUAL:

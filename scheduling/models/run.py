@@ -39,8 +39,9 @@ class Run(models.Model):
     Celery retries); dispatched -> expired (the message's ``expires`` passed before a worker took
     it); pending -> missed | skipped | cancelled; under overlap policy buffer_one, pending ->
     buffered (due while its task was busy) -> pending again when the busy run ends
-    (``buffered_at`` kept: schema.sql's block ``release_buffered``) -> dispatched as above. The name of the periodic task and its Celery task
-    are copied onto the row so the audit survives deleting the task.
+    (``buffered_at`` kept: schema.sql's block ``release_buffered``) -> dispatched as above. The
+    name of the periodic task and its Celery task are copied onto the row so the audit survives
+    deleting the task.
 
     ``executions`` counts the deliveries whose task body the worker guard let run (retries and a
     re-execution after a lost worker included), ``suppressed`` the duplicate deliveries it dropped

@@ -37,7 +37,9 @@ SETTLED = {
 
 def _spans(deployment: Deployment, ids: set[str]) -> list[tuple[datetime, datetime, str]]:
     """(start, end, task id) of each finished execution of ``ids``, by start (database clock)."""
-    starts = {e["task_id"]: e["db_at"] for e in deployment.executions("start") if e["task_id"] in ids}
+    starts = {
+        e["task_id"]: e["db_at"] for e in deployment.executions("start") if e["task_id"] in ids
+    }
     ends = {e["task_id"]: e["db_at"] for e in deployment.executions() if e["task_id"] in ids}
     return sorted(
         (datetime.fromisoformat(starts[i]), datetime.fromisoformat(ends[i]), i) for i in ends

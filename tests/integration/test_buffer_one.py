@@ -186,7 +186,9 @@ def test_other_tasks_finishing_runs_touch_no_buffered_run(make_task, recorder):
     busy, run = _buffered(make_task, recorder)
     elsewhere = _busy(make_task(every=3600))
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE scheduling_run SET status = 'succeeded' WHERE id = %s", [elsewhere.pk])
+        cursor.execute(
+            "UPDATE scheduling_run SET status = 'succeeded' WHERE id = %s", [elsewhere.pk]
+        )
     run.refresh_from_db()
     assert run.status == Run.Status.BUFFERED
 
