@@ -50,7 +50,7 @@ class ScaleSizes:
     replicas: int
     window: float  # seconds of each window, prune on and off
     retention: float  # SCHEDULING_PRUNE_OLDER_THAN, seconds
-    prune_interval: float  # SCHEDULING_PRUNE_INTERVAL, seconds
+    prune_interval: float  # scheduling.cadences.PRUNE_INTERVAL, seconds
     grown: int  # historical runs the history's ledger grows to
     block: int  # historical runs inserted per step of the growth (its rate logged per step)
     load_budget: float  # seconds the growth may take: it stops before a step that would pass it

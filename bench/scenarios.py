@@ -27,8 +27,8 @@ from bench.report import Row, median, ms, percentile, seconds
 from scheduling import ledger
 from scheduling.ledger import claimed
 from scheduling.ledger.claim import claim_due
-from scheduling.messages import build_message
 from scheduling.models import Run
+from scheduling.run_message import build_message
 from tests.acceptance.deployment import Deployment
 
 STOCK = "django_celery_beat.schedulers:DatabaseScheduler"
@@ -619,9 +619,9 @@ def failover(bench: Bench) -> list[Row]:
     """SIGKILL the replica that holds a claim (published, not committed); time the takeover.
 
     Each trial's run is the task's next slot, moved to ``FAILOVER_LEAD`` seconds ahead: every
-    replica has polled since (``SCHEDULING_MAX_INTERVAL``, 0.5 s) and wakes at the slot, as for any
+    replica has polled since (``cadences.MAX_INTERVAL``, 0.5 s) and wakes at the slot, as for any
     scheduled run. (A run-now request is found at the replicas' next tick instead, up to
-    ``SCHEDULING_MAX_INTERVAL`` later: that is its lateness, not a failover.) Every replica pauses 1.5 s
+    ``cadences.MAX_INTERVAL`` later: that is its lateness, not a failover.) Every replica pauses 1.5 s
     between publishing and committing (the tests' pausing replica, ``tests.acceptance.pausing``),
     so the one holding the claim is known from its log; the figure is from the kill to the moment
     another replica published the run again.

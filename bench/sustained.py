@@ -39,8 +39,7 @@ from bench.scenarios import (
     sleep_until,
     timed,
 )
-from scheduling import ledger
-from scheduling.conf import conf
+from scheduling import cadences, ledger
 from scheduling.ledger.claim import claim_due
 from scheduling.models import Run
 from tests.acceptance.deployment import Deployment, test_database_url
@@ -297,7 +296,7 @@ def _claim_time() -> ClaimTime:
     full poll sets (``ledger.DueFloor``), on a generic plan."""
     poll, floor = ledger.poll(), ledger.DueFloor()
     floor.seen(poll.now, poll.next_due, full=True)
-    sql, params = captured(lambda: claim_due(conf.batch_size, "default", floor.value))
+    sql, params = captured(lambda: claim_due(cadences.BATCH_SIZE, "default", floor.value))
     with connection.cursor() as cursor:
         cursor.execute("SET plan_cache_mode = force_generic_plan")  # as a replica's session
     try:

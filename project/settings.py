@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 from project import databases, embedded
+from scheduling import cadences
 
 BASE_DIR = embedded.BASE_DIR
 
@@ -116,12 +117,14 @@ STATIC_ROOT = BASE_DIR / ".data" / "static"
 
 # Bounds the chaos tool and the acceptance tests shorten (seconds; scheduling.conf has defaults),
 # and the delivery settings they change: the re-publish limit and the worker-loss policy.
-for _name in (
-    "IDLE_IN_TRANSACTION_TIMEOUT", "RECONCILE_INTERVAL", "WORKER_LOST_AFTER", "DELIVERY_TIMEOUT",
-    "SUCCESS_DEADLINE",
-):
+for _name in ("WORKER_LOST_AFTER", "DELIVERY_TIMEOUT", "SUCCESS_DEADLINE"):
     if os.environ.get(f"SCHEDULING_{_name}"):
         globals()[f"SCHEDULING_{_name}"] = float(os.environ[f"SCHEDULING_{_name}"])
+# Two internal cadences they shorten too (not settings: constants of scheduling.cadences, set on
+# the module at startup; the environment variables keep their old names).
+for _name in ("IDLE_IN_TRANSACTION_TIMEOUT", "RECONCILE_INTERVAL"):
+    if os.environ.get(f"SCHEDULING_{_name}"):
+        setattr(cadences, _name, float(os.environ[f"SCHEDULING_{_name}"]))
 if os.environ.get("SCHEDULING_REPUBLISH_LIMIT"):
     SCHEDULING_REPUBLISH_LIMIT = int(os.environ["SCHEDULING_REPUBLISH_LIMIT"])
 if os.environ.get("SCHEDULING_WORKER_LOST_POLICY"):

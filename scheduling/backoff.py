@@ -14,7 +14,7 @@ def retry_delay(
     """Return the seconds to wait after the ``failures``-th failed tick in a row (1, 2, ...).
 
     The bound doubles from 0.5 s per failure up to ``cap`` seconds
-    (``SCHEDULING_RETRY_BACKOFF_MAX``); the wait is drawn uniformly from its upper half
+    (``cadences.RETRY_BACKOFF_MAX``); the wait is drawn uniformly from its upper half
     (``draw()`` in [0, 1)), so replicas that failed together do not retry in step, and none
     waits less than half the bound: [0.25, 0.5), [0.5, 1), [1, 2), ... then [cap/2, cap).
     """

@@ -12,8 +12,8 @@ from django.db import DatabaseError, connections
 from django.db.migrations.recorder import MigrationRecorder
 from django.utils.connection import ConnectionDoesNotExist
 
-from scheduling import ledger
-from scheduling.conf import conf
+from scheduling import cadences, ledger
+from scheduling.conf import INTERNAL, conf
 from scheduling.sql import queries
 
 
@@ -28,6 +28,27 @@ def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             hint="Set USE_TZ = True in your settings (Django's default since 5.0).",
             id="scheduling.E001",
         )
+    ]
+
+
+@register()
+def check_internal_settings(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """A removed ``SCHEDULING_*`` setting in the Django settings: it is ignored now, so say so.
+
+    The names are ``conf.INTERNAL`` (issue 34, point 4): internal cadences and bounds, constants
+    of ``scheduling.cadences`` now. One warning per name set, naming it and the value in force.
+    """
+    return [
+        Warning(
+            f"SCHEDULING_{name} is no longer a setting and is ignored: it is internal now "
+            f"(scheduling.cadences.{name} = {getattr(cadences, name)!r}).",
+            hint=f"Remove SCHEDULING_{name} from your settings (docs/configuration.md, "
+                 "Removed settings).",
+            obj=f"SCHEDULING_{name}",
+            id="scheduling.W003",
+        )
+        for name in INTERNAL
+        if hasattr(settings, f"SCHEDULING_{name}")
     ]
 
 

@@ -2,9 +2,11 @@
 
 Use ``from scheduling.conf import conf`` and read ``conf.<name>`` where the value is needed: every
 read looks the Django setting up again, so ``override_settings`` works, and nothing is read at
-import time. Each attribute of ``Conf`` is one setting (``conf.batch_size`` is
-``SCHEDULING_BATCH_SIZE``): its default, the type the value is converted to, and what it means.
-``DEFAULTS`` maps each setting's name without the prefix to that declaration.
+import time. Each attribute of ``Conf`` is one setting (``conf.delivery_timeout`` is
+``SCHEDULING_DELIVERY_TIMEOUT``): its default, the type the value is converted to, and what it
+means.
+``DEFAULTS`` maps each setting's name without the prefix to that declaration; ``INTERNAL`` names
+the former settings that are constants of ``scheduling.cadences`` now.
 """
 
 from __future__ import annotations
@@ -86,12 +88,6 @@ class Conf:
         "Id of this beat replica; else the SCHEDULING_REPLICA_ID environment variable, else "
         "'hostname:pid'."
     ))
-    max_interval = Setting(0.5, float, (
-        "Longest sleep between two ticks of a replica, in seconds: how long an edit, a run-now "
-        "request or a new task may wait for the replicas to look (two polls a second, each one "
-        "short indexed query, cost an idle replica nothing that shows)."
-    ))
-    batch_size = Setting(100, int, "Most runs one claim transaction dispatches.")
     prepared_claim = Setting(True, bool, (
         "Send the claim query as a server-side prepared statement (planned once per database "
         "session, not at every claim) where the connection keeps it: a direct connection, or a "
@@ -107,30 +103,10 @@ class Conf:
     misfire_grace_seconds = Setting(60.0, float, (
         "A run dispatched later than this after its slot is a misfire (coalesced)."
     ))
-    reconcile_interval = Setting(60.0, float, (
-        "Seconds between reconcile passes, besides the ones triggered by edits (each looks only "
-        "at what the change log names; see FULL_RECONCILE_INTERVAL)."
-    ))
-    full_reconcile_interval = Setting(3600.0, float, (
-        "Seconds between reconcile passes that check every periodic task (a safety net; the "
-        "other passes look only at what the change log names)."
-    ))
     overlap_stale_seconds = Setting(3600.0, float, (
         "Overlap policies skip and buffer_one: an unfinished run dispatched longer ago than this "
         "(seconds) no longer blocks the next one (a lost worker cannot block a task forever). "
         "Per task: TaskPolicy.overlap_stale_seconds."
-    ))
-    statement_timeout = Setting(5.0, float, (
-        "statement_timeout of the scheduler's session, seconds."
-    ))
-    idle_in_transaction_timeout = Setting(10.0, float, (
-        "idle_in_transaction_session_timeout of the scheduler's session, in seconds: how long a "
-        "frozen replica can hold its claim before the server ends its transaction."
-    ))
-    tcp_keepalives_idle = Setting(5, int, (
-        "TCP keepalive idle time of the scheduler's and the guard's sessions, seconds; probes "
-        "every half of it, 3 of them, and tcp_user_timeout their sum: the keepalive bound "
-        "(ledger.session.Keepalives, docs/outages.md)."
     ))
     worker_lost_after = Setting(60.0, float, (
         "Seconds a running run's execution lock must stay free (its worker died) before the "
@@ -153,23 +129,8 @@ class Conf:
         "Most re-publishes of one run (delivery deadline or worker-loss recovery); past it the run "
         "is closed as failed, 'not delivered' (or 'worker lost')."
     ))
-    retry_backoff_max = Setting(3.0, float, (
-        "Longest wait between two attempts while the database or the broker is unreachable, in "
-        "seconds (each wait is drawn between half and all of its bound): a replica resumes "
-        "within about this long after an outage ends."
-    ))
-    broker_timeout = Setting(2.0, float, (
-        "Connect and socket timeout of the scheduler's own broker connection (Redis, AMQP; "
-        "connect only for the SQL transport), in seconds: a publish to a dead or frozen broker "
-        "fails within about three times this (one reconnect), inside the claim's "
-        "idle-in-transaction bound."
-    ))
     reject_unknown_tasks = Setting(True, bool, (
         "Fail a run whose task name the beat process's Celery app does not know."
-    ))
-    heartbeat_interval = Setting(5.0, float, (
-        "Seconds between two heartbeats of a replica (its row in the replicas page; display and "
-        "health probes only). A replica is shown stale after 3 intervals without a tick."
     ))
     metrics_port = Setting(None, _metrics_port, (
         "Port on which each beat replica serves Prometheus metrics (/metrics); else the "
@@ -191,21 +152,10 @@ class Conf:
     prune_keep_last = Setting(0, int, (
         "Built-in prune: keep at least this many most recent finished runs of each task."
     ))
-    prune_interval = Setting(3600.0, float, (
-        "Seconds between two built-in prune passes of a replica."
-    ))
-    prune_batch_size = Setting(500, int, (
-        "Most runs one built-in prune transaction deletes (one batch per idle tick; on a busy "
-        "replica, one batch in at most a tenth of its time, sized to take about 2 ms)."
-    ))
     success_deadline = Setting(None, _optional_seconds, (
         "Missed-run alerts: a scheduled run that has not succeeded this many seconds after its "
         "slot is overdue (signal, webhook, metric, health probe). Per task: "
         "TaskPolicy.success_deadline_seconds. Unset: no alert for tasks without their own."
-    ))
-    overdue_interval = Setting(1.0, float, (
-        "Seconds between two overdue passes of a replica (each one bounded UPDATE, outside any "
-        "claim transaction): a run is reported within its deadline plus about this long."
     ))
     webhook_url = Setting(None, _optional_text, (
         "URL that receives one JSON document per run outcome and per overdue run (HTTP POST); "
@@ -224,5 +174,15 @@ class Conf:
 DEFAULTS: dict[str, Setting[Any]] = {
     setting.name: setting for setting in vars(Conf).values() if isinstance(setting, Setting)
 }
+
+#: The settings that became internal constants of ``scheduling.cadences`` (issue 34, point 4): the
+#: old name without the prefix, the same as the constant's name. Setting one has no effect; system
+#: check ``scheduling.W003`` names it.
+INTERNAL: tuple[str, ...] = (
+    "MAX_INTERVAL", "BATCH_SIZE", "RECONCILE_INTERVAL", "FULL_RECONCILE_INTERVAL",
+    "STATEMENT_TIMEOUT", "IDLE_IN_TRANSACTION_TIMEOUT", "TCP_KEEPALIVES_IDLE", "RETRY_BACKOFF_MAX",
+    "BROKER_TIMEOUT", "HEARTBEAT_INTERVAL", "PRUNE_INTERVAL", "PRUNE_BATCH_SIZE",
+    "OVERDUE_INTERVAL",
+)
 
 conf = Conf()

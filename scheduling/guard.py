@@ -34,7 +34,8 @@ For a delivery carrying the ``scheduling_run`` header (every run the scheduler p
 Deliveries without the header (tasks not sent by the scheduler) cost one dictionary lookup.
 When the database cannot be reached, the guard waits ``RETRY_DELAY`` seconds and raises
 ``Reject(requeue=True)``: the message goes back to the broker and nothing runs unguarded. The
-process logs the outage once and the return once (``scheduling.reach``), each naming the server.
+process logs the outage once and the return once (``scheduling.database_reach``), each naming
+the server.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from celery.exceptions import Ignore, Reject
 
 logger = logging.getLogger(__name__)
 
-#: Headers every scheduled run carries (``scheduling.messages``' names; not imported here so
+#: Headers every scheduled run carries (``scheduling.run_message``' names; not imported here so
 #: that this module loads before Django is set up, when Celery resolves the annotation).
 HEADER_RUN = "scheduling_run"
 HEADER_TASK_NAME = "periodic_task_name"
@@ -106,7 +107,7 @@ def guard(request: Any, task_id: str) -> None:
     """
     from django.db import DatabaseError, InterfaceError
 
-    from scheduling.reach import database
+    from scheduling.database_reach import database
 
     key = Attempt(task_id, int(request.get("retries") or 0))
     try:
@@ -222,7 +223,7 @@ class _Liveness:
     locks) and reported (``pooler.report_pooled_locks``; system check scheduling.E003); there its
     statements are prepared only if the pooler keeps prepared statements
     (``pooler.pooler_keeps_prepared``). TCP keepalives and user timeouts on both ends
-    (``ledger.session.Keepalives``, from ``SCHEDULING_TCP_KEEPALIVES_IDLE``) let the server free
+    (``ledger.session.Keepalives``, from ``cadences.TCP_KEEPALIVES_IDLE``) let the server free
     the locks of a host cut off silently, and this process notice it, within the keepalive bound
     (11 s by default).
     """

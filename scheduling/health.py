@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.db.models import Count, Min, Q
 
+from scheduling import cadences
 from scheduling.clock import ClockTimestamp
 from scheduling.conf import conf
 from scheduling.models import Replica, Run
@@ -139,7 +140,7 @@ def _undelivered() -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             queries["undelivered_count"],
-            {"timeout": conf.delivery_timeout, "grace": conf.reconcile_interval},
+            {"timeout": conf.delivery_timeout, "grace": cadences.RECONCILE_INTERVAL},
         )
         return int(cursor.fetchone()[0])
 

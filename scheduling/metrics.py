@@ -22,7 +22,7 @@ for the guard, ``worker`` (the Celery worker's node name):
 - ``scheduling_runs_not_executed_total{task, replica, reason}``: runs a replica closed without
   them executing to the end: ``not delivered``, ``worker lost``, ``rejected before dispatch``;
 - ``scheduling_runs_overdue_total{task, replica}``: runs this replica found overdue (not succeeded
-  within their task's success deadline; ``scheduling.overdue``): each overdue run is counted by
+  within their task's success deadline; ``scheduling.overdue_watch``): each overdue run is counted by
   one replica only, so the sum over replicas is the number of overdue runs;
 - ``scheduling_task_overdue_runs{task}``: a gauge, the overdue runs of the task since its last
   success (0 when it is not overdue), read from the ledger by every replica (take ``max by

@@ -32,10 +32,10 @@ from kombu import Queue
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from scheduling.exceptions import PublishFailed, RunRejected
-from scheduling.messages import Message
+from scheduling.run_message import Message
 
 #: One immediate retry of a publish (a stale pooled connection reconnects); each attempt is
-#: bounded by SCHEDULING_BROKER_TIMEOUT, so a dead broker fails the publish in seconds.
+#: bounded by cadences.BROKER_TIMEOUT, so a dead broker fails the publish in seconds.
 PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0,
                         "interval_max": 0}
 #: Templates a replica keeps: one per periodic task definition it published (about 3 KB each);
@@ -88,7 +88,7 @@ class RunPublisher:
         """Send one run's message; return once the broker has it (its confirm, on AMQP).
 
         ``reject_unknown`` and ``timeout`` (seconds) are ``SCHEDULING_REJECT_UNKNOWN_TASKS`` and
-        ``SCHEDULING_BROKER_TIMEOUT``. Raises RunRejected for an unknown task name, PublishFailed
+        ``cadences.BROKER_TIMEOUT``. Raises RunRejected for an unknown task name, PublishFailed
         when the broker refused the message (``basic.nack``: a full queue with
         ``reject-publish``, say), and lets the other broker errors (a channel error such as a
         missing exchange, a lost connection, a confirm not received within the timeout)

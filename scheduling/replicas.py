@@ -1,7 +1,7 @@
 """Replica heartbeats: each beat replica's row in ``Replica``, for display and health probes only.
 
 Nothing that decides what runs reads these rows (the claim is a row lock, not a lease), so a
-heartbeat is written at most every ``SCHEDULING_HEARTBEAT_INTERVAL`` seconds, as one statement in
+heartbeat is written at most every ``cadences.HEARTBEAT_INTERVAL`` seconds, as one statement in
 autocommit after the tick's claim transaction has ended, and a failed heartbeat is logged and
 dropped: it never delays or stops scheduling. Times are the database clock (``clock_timestamp()``),
 so a replica with a skewed clock is not shown stale.
@@ -20,8 +20,8 @@ from django.db import connections
 from django.db.models import Case, CharField, F, FloatField, Q, QuerySet, Value, When
 from django.db.models.functions import Extract
 
+from scheduling import cadences
 from scheduling.clock import ClockTimestamp
-from scheduling.conf import conf
 from scheduling.models import Replica
 from scheduling.sql import queries
 
@@ -66,7 +66,7 @@ class Heartbeat:
     def beat(self) -> bool:
         """Write the heartbeat if one interval has passed since the last try; return if written."""
         now = self._clock()
-        if self._last_try is not None and now - self._last_try < conf.heartbeat_interval:
+        if self._last_try is not None and now - self._last_try < cadences.HEARTBEAT_INTERVAL:
             return False
         self._last_try = now
         params = [self.replica_id, self.host, self.pid, self._unwritten]
@@ -108,7 +108,7 @@ class Heartbeat:
 
 def stale_after() -> timedelta:
     """How long without a tick before a running replica is shown stale (3 heartbeat intervals)."""
-    return timedelta(seconds=STALE_AFTER_INTERVALS * conf.heartbeat_interval)
+    return timedelta(seconds=STALE_AFTER_INTERVALS * cadences.HEARTBEAT_INTERVAL)
 
 
 def with_state(replicas: QuerySet[Replica]) -> QuerySet[Replica]:

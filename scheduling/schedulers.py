@@ -23,7 +23,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 from django_celery_beat.schedulers import DatabaseScheduler
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from scheduling import ledger, metrics, signals
+from scheduling import cadences, ledger, metrics, signals
 from scheduling.backoff import retry_delay
 from scheduling.beat_schedule import sync_beat_schedule
 from scheduling.broker_options import (
@@ -32,14 +32,14 @@ from scheduling.broker_options import (
     pin_publish_settings,
     publisher_confirm_options,
 )
+from scheduling.builtin_prune import BuiltinPrune
 from scheduling.conf import conf
 from scheduling.exceptions import PublishFailed, describe
-from scheduling.messages import Message
 from scheduling.models import Run
-from scheduling.overdue import OverdueWatch
+from scheduling.overdue_watch import OverdueWatch
 from scheduling.publisher import RunPublisher
 from scheduling.replicas import Heartbeat
-from scheduling.retention import BuiltinPrune
+from scheduling.run_message import Message
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class LedgerScheduler(DatabaseScheduler):
 
     Every replica runs this same class. A run is dispatched by whichever replica commits its claim
     first; the others skip the locked row. ``tick()`` returns the seconds to sleep: until the next
-    pending run is due, at most ``SCHEDULING_MAX_INTERVAL`` (0.5 s by default), and 0 while due runs
+    pending run is due, at most ``cadences.MAX_INTERVAL`` (0.5 s by default), and 0 while due runs
     remain. Database errors are logged once per outage and retried with capped backoff and jitter;
     the replica never exits for them.
     """
@@ -92,7 +92,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._book = ledger.TaskBook()  # settles what claims owe the task rows (last_run_at, ...)
         self._floor = ledger.DueFloor()  # where the poll and the claim start their scans
         super().__init__(*args, **kwargs)
-        self.max_interval = conf.max_interval
+        self.max_interval = cadences.MAX_INTERVAL
         pin_publish_settings(self.app)
         self._runs = RunPublisher(self.app)
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
@@ -176,7 +176,7 @@ class LedgerScheduler(DatabaseScheduler):
         grace = timedelta(seconds=conf.misfire_grace_seconds)
         poll, floor = self._poll()
         stale = poll.change_marker != self._marker or (
-            time.monotonic() - self._last_reconcile >= conf.reconcile_interval
+            time.monotonic() - self._last_reconcile >= cadences.RECONCILE_INTERVAL
         )
         if stale or self._turn_awaited_since is not None:
             # A pass, this replica's or another's, may plan runs due in the past: below the floor.
@@ -213,7 +213,7 @@ class LedgerScheduler(DatabaseScheduler):
         return ledger.claim_and_dispatch(
             self._publisher(),
             replica_id=self.replica_id,
-            batch_size=conf.batch_size,
+            batch_size=cadences.BATCH_SIZE,
             grace=grace,
             flush=flush,
             book=self._book,
@@ -237,7 +237,7 @@ class LedgerScheduler(DatabaseScheduler):
         One replica reconciles at a time (``ledger.reconcile_turn``): one that finds the turn
         taken defers its pass and goes on dispatching, and asks again each tick. It does not
         trust the holder's pass, which may end with its session (killed, or frozen inside a
-        transaction past ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT``) and be rolled back: once
+        transaction past ``cadences.IDLE_IN_TRANSACTION_TIMEOUT``) and be rolled back: once
         the turn is free it passes itself (a pass for what changed costs milliseconds). If the
         turn stays taken for ``TURN_PATIENCE`` seconds the holder is taken to be stuck (frozen
         between transactions by SIGSTOP or a paused VM: its session, and the lock, live on) and
@@ -262,7 +262,7 @@ class LedgerScheduler(DatabaseScheduler):
                     raise  # an outage, retried; the pass is not counted as made
                 logger.exception(
                     "reconcile failed; due runs are still dispatched, next try in %.0f s",
-                    conf.reconcile_interval, extra={"action": "reconcile_failed"},
+                    cadences.RECONCILE_INTERVAL, extra={"action": "reconcile_failed"},
                 )
         self._turn_awaited_since = None
         self._marker = poll.change_marker
@@ -273,7 +273,7 @@ class LedgerScheduler(DatabaseScheduler):
         """Reconcile from the change log; check every task at start and every full interval."""
         started = time.monotonic()
         full = self._last_full_reconcile is None or (
-            started - self._last_full_reconcile >= conf.full_reconcile_interval
+            started - self._last_full_reconcile >= cadences.FULL_RECONCILE_INTERVAL
         )
         planned = ledger.reconcile(grace, full=full, lost=self._lost, settled=self._settled)
         metrics.observe_worker_lost([name for _, name in self._lost.closed], self.replica_id)
@@ -305,7 +305,7 @@ class LedgerScheduler(DatabaseScheduler):
             done = ledger.redeliver(
                 ledger.Republisher(self._publisher(), buffered.flush, self.replica_id),
                 recover=self._lost.recoverable,
-                batch_size=conf.batch_size,
+                batch_size=cadences.BATCH_SIZE,
             )
         metrics.observe_redelivery(done, self.replica_id)
         signals.announce_finished(*done.closed)
@@ -325,13 +325,13 @@ class LedgerScheduler(DatabaseScheduler):
     def connection(self) -> Any:
         """The broker connection this replica publishes on, with bounded timeouts and confirms.
 
-        Connect and socket timeouts are ``SCHEDULING_BROKER_TIMEOUT`` seconds (for the transports
+        Connect and socket timeouts are ``cadences.BROKER_TIMEOUT`` seconds (for the transports
         that have them: ``broker_timeout_options``), so a publish to a dead or frozen broker
         raises within seconds instead of holding the claim until the server ends it. On AMQP the
         channel is in confirm mode (``publisher_confirm_options``): a publish returns only once
         the broker accepted the message, so a run is committed dispatched only after that.
         """
-        timeout = conf.broker_timeout
+        timeout = cadences.BROKER_TIMEOUT
         driver = self.app.connection_for_write().get_transport_cls().driver_type
         return self.app.connection_for_write(
             connect_timeout=timeout,
@@ -356,10 +356,10 @@ class LedgerScheduler(DatabaseScheduler):
     def _publisher(self) -> Callable[[Message], None]:
         """``RunPublisher.publish`` on this replica's producer, with the settings it reads taken
         once, for one claim or redelivery pass (a setting read costs microseconds; a claim
-        publishes up to ``SCHEDULING_BATCH_SIZE``)."""
+        publishes up to ``cadences.BATCH_SIZE``)."""
         return partial(
             self._runs.publish, self.producer,
-            reject_unknown=conf.reject_unknown_tasks, timeout=conf.broker_timeout,
+            reject_unknown=conf.reject_unknown_tasks, timeout=cadences.BROKER_TIMEOUT,
         )
 
     def _recovered(self) -> None:
@@ -396,7 +396,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._failing = what
         if what == "database":
             ledger.close_sessions()
-        return retry_delay(self._failures, conf.retry_backoff_max)
+        return retry_delay(self._failures, cadences.RETRY_BACKOFF_MAX)
 
     def _reset_producer(self) -> None:
         """Drop the broker connection so the next publish reconnects."""

@@ -10,7 +10,7 @@ the same document the optional webhook posts (``scheduling.webhook``):
   "not delivered" and "worker lost"). Cancelled plans and the extra ``missed`` rows of a
   catch-up beyond its first are not announced.
 - ``run_overdue``: a replica found a scheduled run not succeeded within its task's success
-  deadline (``scheduling.overdue``). Sent by the one replica that marked it, after the mark is
+  deadline (``scheduling.overdue_watch``). Sent by the one replica that marked it, after the mark is
   committed, never inside a claim transaction.
 
 Receivers run in the sending process (a worker or a beat replica) and are called with

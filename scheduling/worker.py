@@ -30,12 +30,12 @@ import psycopg
 from celery import signals
 from django.db import InterfaceError, OperationalError, connection
 
-from scheduling import guard, ledger
+from scheduling import cadences, guard, ledger
 from scheduling.backoff import retry_delay
 from scheduling.conf import conf
-from scheduling.messages import HEADER_RUN
+from scheduling.database_reach import database
 from scheduling.models import Run
-from scheduling.reach import database
+from scheduling.run_message import HEADER_RUN
 from scheduling.signals import announce_finished
 
 logger = logging.getLogger(__name__)
@@ -54,14 +54,15 @@ def record(
     a database outage or a network partition would leave the run stuck (``running``, then closed
     "worker lost" by the replicas although it finished). The first retry is at once (a
     connection the server terminated); then with the replicas' doubling backoff
-    (``backoff.retry_delay``, capped at ``SCHEDULING_RETRY_BACKOFF_MAX``) until ``patience``
+    (``backoff.retry_delay``, capped at ``cadences.RETRY_BACKOFF_MAX``) until ``patience``
     seconds have passed, by default ``SCHEDULING_WORKER_LOST_AFTER`` (the time the lost-worker
     sweep leaves a run whose execution lock is free), so a worker cut off or failed over for less
     than that records its outcome when the database is back. Each reconnection tries every server
     of the settings (after a failover, the promoted standby); each attempt on a cut-off network
     ends within the connection's bounds (``tcp_user_timeout``, ``connect_timeout``:
     docs/outages.md, "Network partitions"). The worker holds the message meanwhile
-    (``acks_late``). The outage is logged once each way (``scheduling.reach``); a write given up is
+    (``acks_late``). The outage is logged once each way (``scheduling.database_reach``); a write
+    given up is
     logged with its traceback. Returns ``write``'s result, False when given up.
     """
     deadline = time.monotonic() + (conf.worker_lost_after if patience is None else patience)
@@ -74,7 +75,7 @@ def record(
             failures += 1
             if failures > 1:
                 database.lost(exc)
-            wait = 0.0 if failures == 1 else retry_delay(failures - 1, conf.retry_backoff_max)
+            wait = 0.0 if failures == 1 else retry_delay(failures - 1, cadences.RETRY_BACKOFF_MAX)
             if time.monotonic() + wait > deadline:
                 logger.exception(
                     "cannot record %s for run %s", write.__name__, args[0] if args else "?",

@@ -14,7 +14,7 @@ queue of its own, and:
    (10), 10 % ``* * * * *``, 10 % clocked one-offs inside the window (these two kinds run 2 s
    each); each gets worker-loss policy ``fail`` or ``recover`` (seeded);
 3. for the window, at seeded random moments: SIGKILLs replicas and workers and restarts them,
-   SIGSTOPs replicas for less and for more than ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT`` and
+   SIGSTOPs replicas for less and for more than ``cadences.IDLE_IN_TRANSACTION_TIMEOUT`` and
    workers for a few seconds, and ends replicas' database sessions with ``pg_terminate_backend``
    (found by ``application_name``, ``scheduling.ledger.application_name``); one replica is always
    left alone. In the broker (``tools.brokers``): purges the run's queue, cuts one process's
@@ -336,9 +336,10 @@ def _broker(ident: str, options: Options, env: dict[str, str]) -> Broker:
 
 
 def _idle_timeout(env: dict[str, str]) -> float:
-    from scheduling.conf import conf
+    from scheduling import cadences
 
-    return _float(env, "SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT", conf.idle_in_transaction_timeout)
+    default = cadences.IDLE_IN_TRANSACTION_TIMEOUT
+    return _float(env, "SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT", default)
 
 
 def _plant(ident: str, options: Options, rng: random.Random) -> list[Planted]:

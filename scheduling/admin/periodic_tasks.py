@@ -23,8 +23,8 @@ from django_celery_beat.models import PeriodicTask
 from scheduling import (
     history,
     ledger,
-    preview,
 )
+from scheduling.admin import upcoming_runs
 from scheduling.admin.base import (
     ADMIN_CSS,
     RECENT_PAUSES,
@@ -38,10 +38,10 @@ from scheduling.admin.task_forms import BackfillForm, PauseForm, _range_key, _su
 from scheduling.admin_permissions import requiring
 from scheduling.conf import conf
 from scheduling.exceptions import PauseRejected, RunRejected, SchedulingError
-from scheduling.messages import load_json
 from scheduling.models import Pause, Run, TaskPolicy
 from scheduling.outcomes import status_badge
 from scheduling.overview import Paused, describe_schedule, paused_of, with_status
+from scheduling.run_message import load_json
 
 #: The admin actions' log lines keep the logger they always had (docs/operating.md).
 logger = logging.getLogger("scheduling.admin")
@@ -96,7 +96,7 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
 
 
 @admin.register(PeriodicTask)
-class PeriodicTaskAdmin(RecordsActorAdmin, preview.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
+class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
     """django-celery-beat's periodic task admin: recent and upcoming runs, pauses, its edit
     history, run now and backfill via the ledger."""
 
@@ -187,8 +187,10 @@ class PeriodicTaskAdmin(RecordsActorAdmin, preview.UpcomingRunsAdmin, BasePeriod
 
     def edited_task(self, form: forms.ModelForm, now: datetime) -> PeriodicTask:
         """The form's schedule fields only: the task name, say, may still be missing."""
-        preview.form_errors(form, (*preview.SCHEDULE_FIELDS, *preview.SLOT_FIELDS))
-        return preview.candidate(form.cleaned_data, now)
+        upcoming_runs.form_errors(
+            form, (*upcoming_runs.SCHEDULE_FIELDS, *upcoming_runs.SLOT_FIELDS)
+        )
+        return upcoming_runs.candidate(form.cleaned_data, now)
 
     @admin.display(description="pause")
     def pause_state(self, obj: PeriodicTask) -> str:

@@ -10,9 +10,8 @@ from django.http import HttpRequest
 from django.templatetags.static import static
 from django.utils.html import format_html
 
-from scheduling import replicas
+from scheduling import cadences, replicas
 from scheduling.admin.base import ADMIN_CSS, ReadOnlyAdmin
-from scheduling.conf import conf
 from scheduling.models import Replica
 
 REPLICA_COLOURS = {
@@ -42,7 +41,7 @@ class ReplicaAdmin(ReadOnlyAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         extra = {
             "title": "Beat replicas",
-            "heartbeat_interval": conf.heartbeat_interval,
+            "heartbeat_interval": cadences.HEARTBEAT_INTERVAL,
             "stale_after": replicas.stale_after().total_seconds(),
             **(extra_context or {}),
         }

@@ -44,7 +44,7 @@ class RunAdmin(ReadOnlyAdmin):
     show_full_result_count = False
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        names = [field.name for field in Run._meta.fields]
+        names = [RAW_MOMENTS.get(field.name, field.name) for field in Run._meta.fields]
         names[names.index("definition_version")] = "display_definition_version"
         return ["display_story", *names]
 
@@ -63,8 +63,10 @@ class RunAdmin(ReadOnlyAdmin):
         ]
         return render_to_string("admin/scheduling/run_story.html", {
             "run": run, "story": told, "rows": rows, "zone": str(told.zone),
-            "badge": status_badge(run.status), "lateness": _seconds(told.lateness),
-            "runtime": _seconds(told.runtime),
+            "badge": status_badge(run.status),
+            "lateness": f"- ({told.unmeasured})" if told.unmeasured else _seconds(told.lateness),
+            "runtime": _seconds(told.runtime)
+            + (f" (the last of {told.attempts} attempts)" if told.attempts > 1 else ""),
         })
 
     @admin.display(description="definition version")
@@ -109,3 +111,24 @@ class RunAdmin(ReadOnlyAdmin):
     @admin.display(description="runtime")
     def display_runtime(self, run: Run) -> str:
         return _seconds(run.runtime)
+
+
+def _raw_moment(name: str, label: str) -> Any:
+    """A raw datetime column shown as the story shows it: UTC to the millisecond (Django's
+    default format stops at the minute)."""
+
+    @admin.display(description=f"{label} (UTC)", ordering=name)
+    def show(self: RunAdmin, run: Run) -> str:
+        value = getattr(run, name)
+        return "-" if value is None else _utc_ms(value)
+
+    return show
+
+
+#: The raw fields' datetime columns, by name, and the admin methods that show them.
+RAW_MOMENTS = {
+    field.name: f"raw_{field.name}"
+    for field in Run._meta.fields if field.get_internal_type() == "DateTimeField"
+}
+for _name, _method in RAW_MOMENTS.items():
+    setattr(RunAdmin, _method, _raw_moment(_name, str(Run._meta.get_field(_name).verbose_name)))

@@ -23,9 +23,9 @@ from django_celery_beat.models import (
 
 from scheduling import (
     ledger,
-    preview,
     slots,
 )
+from scheduling.admin import upcoming_runs
 from scheduling.admin.base import RecordsActorAdmin
 from scheduling.exceptions import ScheduleError
 
@@ -35,12 +35,13 @@ class CrontabScheduleForm(forms.ModelForm):
 
     class Meta:
         model = CrontabSchedule
-        fields = preview.CRONTAB_FIELDS
+        fields = upcoming_runs.CRONTAB_FIELDS
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if all(data.get(field) not in (None, "") for field in preview.CRONTAB_FIELDS):
-            candidate = CrontabSchedule(**{field: data[field] for field in preview.CRONTAB_FIELDS})
+        if all(data.get(field) not in (None, "") for field in upcoming_runs.CRONTAB_FIELDS):
+            fields = upcoming_runs.CRONTAB_FIELDS
+            candidate = CrontabSchedule(**{field: data[field] for field in fields})
             try:
                 slots.next_crontab(candidate, timezone.now())
             except ScheduleError as exc:
@@ -53,7 +54,7 @@ admin.site.unregister(CrontabSchedule)
 
 @admin.register(CrontabSchedule)
 class CrontabScheduleAdmin(
-    RecordsActorAdmin, preview.UpcomingRunsAdmin, BaseCrontabScheduleAdmin
+    RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, BaseCrontabScheduleAdmin
 ):
     """django-celery-beat's crontab admin with ``CrontabScheduleForm`` and upcoming runs; edits
     name their user in the edit history."""
@@ -63,14 +64,14 @@ class CrontabScheduleAdmin(
     readonly_fields = (*BaseCrontabScheduleAdmin.readonly_fields, "upcoming_runs")
 
     def saved_task(self, obj: CrontabSchedule) -> PeriodicTask:
-        return preview.crontab_task(obj, ledger.database_now())
+        return upcoming_runs.crontab_task(obj, ledger.database_now())
 
     def edited_task(self, form: forms.ModelForm, now: datetime) -> PeriodicTask:
         """The crontab as edited, for a task without a start time that uses it."""
-        preview.form_errors(form, preview.CRONTAB_FIELDS, non_field=True)
+        upcoming_runs.form_errors(form, upcoming_runs.CRONTAB_FIELDS, non_field=True)
         data = form.cleaned_data
-        return preview.crontab_task(
-            CrontabSchedule(**{name: data[name] for name in preview.CRONTAB_FIELDS}), now
+        return upcoming_runs.crontab_task(
+            CrontabSchedule(**{name: data[name] for name in upcoming_runs.CRONTAB_FIELDS}), now
         )
 
 

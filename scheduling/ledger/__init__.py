@@ -27,6 +27,7 @@ surface; modules outside the package import them from here.
 """
 
 from scheduling.clock import ClockTimestamp, database_now
+from scheduling.ledger.actor import acting, set_actor
 from scheduling.ledger.bookkeeping import TaskBook
 from scheduling.ledger.changes import CHANGE_RETENTION, SettledChanges, note_unplanned
 from scheduling.ledger.claim import FLUSH_EVERY, Dispatched, Publish, claim_and_dispatch
@@ -40,7 +41,6 @@ from scheduling.ledger.execution import (
     record_started,
 )
 from scheduling.ledger.floor import DueFloor
-from scheduling.ledger.history import acting, set_actor
 from scheduling.ledger.lost import LostExecutions, close_lost_executions
 from scheduling.ledger.manual import BackfillProgress, backfill, request_run, run_now_refusal
 from scheduling.ledger.overdue import Overdue, mark_overdue

@@ -41,8 +41,8 @@ from scheduling.ledger.writes import (
     update_runs,
     update_tasks,
 )
-from scheduling.messages import Message, build_message
 from scheduling.models import Pause, Run
+from scheduling.run_message import Message, build_message
 
 logger = logging.getLogger(__name__)
 

@@ -22,13 +22,14 @@ from datetime import datetime, timedelta
 
 from django.db import connections, transaction
 
+from scheduling import cadences
 from scheduling.clock import database_now
 from scheduling.conf import conf
 from scheduling.exceptions import PublishFailed, RunRejected
 from scheduling.ledger.planning import SCHEDULE_RELATED
 from scheduling.ledger.writes import ERROR_LIMIT, update_runs
-from scheduling.messages import Message, build_message
 from scheduling.models import Run, TaskPolicy
+from scheduling.run_message import Message, build_message
 from scheduling.sql import queries
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def redeliver(
     is recorded as re-published unless its publish succeeded.
 
     The transaction is idle on the database while the messages go out, and the server ends a
-    scheduler session idle in a transaction for ``SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT``. A
+    scheduler session idle in a transaction for ``cadences.IDLE_IN_TRANSACTION_TIMEOUT``. A
     pass that outlived it would roll back behind messages already sent, and the next pass would
     send them again, without bound (a slow broker: the SQL broker's inserts on a busy machine
     took over 3 s for 100 runs, and 20 copies of a run piled up). So publishing stops once
@@ -116,7 +117,7 @@ def redeliver(
     at least one run; the runs left are not written (``deferred``) and wait for the next pass.
     """
     done = Redelivered()
-    budget = conf.idle_in_transaction_timeout / 2 if budget is None else budget
+    budget = cadences.IDLE_IN_TRANSACTION_TIMEOUT / 2 if budget is None else budget
     with transaction.atomic(using=using):
         ids = _lock_due(recover or [], batch_size, using)
         if not ids:

@@ -333,10 +333,11 @@ def record_retry(
 
     ``retries`` is the retrying attempt's ``request.retries``: when the next attempt already
     started (its message can overtake this signal), the run is left running. A retry event is
-    appended to the run's ``events`` (its page's timeline shows each retry).
+    appended to the run's ``events`` with the attempt's start and worker (its page's timeline
+    shows each attempt's start and each retry); its detail counts attempts from 1.
     """
     error = error[:ERROR_LIMIT]
-    attempt = f"attempt {retries}" if retries is not None else "an attempt"
+    attempt = f"attempt {retries + 1}" if retries is not None else "an attempt"  # 1: the first
     detail = f"{attempt} failed and is retried: {error}" if error else f"{attempt} is retried"
     params = {"error": error, "detail": detail, "task_id": task_id, "retries": retries}
     with connections[using].cursor() as cursor:

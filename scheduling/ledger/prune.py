@@ -2,7 +2,7 @@
 
 In short batches that lock only the rows they delete (finished runs, which no claim wants), so a
 prune never holds up a claim. ``manage.py scheduling_prune`` and the built-in prune
-(``scheduling.retention``) call these.
+(``scheduling.builtin_prune``) call these.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def reconcile(
     (``ScheduleChange``: edits, creations, schedules that failed to give a slot at claim time)
     names, plus pending runs whose task was deleted: its cost follows the changes, not the number
     of tasks, and with no change it is three short indexed queries. ``full=True`` checks every
-    task (at a replica's start, and as a safety net every SCHEDULING_FULL_RECONCILE_INTERVAL), as
+    task (at a replica's start, and as a safety net every cadences.FULL_RECONCILE_INTERVAL), as
     does a pass whose log names more than ``CHANGE_BATCH`` unsettled changes (a bulk change).
 
     Safe to run from any number of replicas at once: rows being claimed are skipped, and the unique

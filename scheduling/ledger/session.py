@@ -22,6 +22,7 @@ import psycopg
 from django.db import connections, transaction
 from psycopg import pq
 
+from scheduling import cadences
 from scheduling.conf import conf
 from scheduling.ledger import pooler
 from scheduling.sql import BEAT_SCHEDULE_LOCK, RECONCILE_LOCK, queries
@@ -49,7 +50,7 @@ class Poll:
 
 @dataclass(frozen=True)
 class Keepalives:
-    """TCP keepalive and user-timeout settings of a session, from ``SCHEDULING_TCP_KEEPALIVES_IDLE``.
+    """TCP keepalive and user-timeout settings of a session, from ``cadences.TCP_KEEPALIVES_IDLE``.
 
     ``idle``, ``interval``: seconds; ``count``: probes. ``bound`` (seconds) is how long an end of
     the connection waits for a silent peer before it gives up: ``idle + count * interval`` when
@@ -82,8 +83,8 @@ class Keepalives:
 
 def keepalives() -> Keepalives:
     """Return the keepalive settings of the scheduler's and the guard's sessions (interval: half
-    of ``SCHEDULING_TCP_KEEPALIVES_IDLE``, at least 1 s)."""
-    idle = conf.tcp_keepalives_idle
+    of ``cadences.TCP_KEEPALIVES_IDLE``, at least 1 s)."""
+    idle = cadences.TCP_KEEPALIVES_IDLE
     return Keepalives(idle=idle, interval=max(1, idle // 2))
 
 
@@ -135,8 +136,8 @@ def _configure(using: str) -> None:
             cursor.execute(
                 queries["session_bounds"],
                 [
-                    f"{int(conf.idle_in_transaction_timeout * 1000)}ms",
-                    f"{int(conf.statement_timeout * 1000)}ms",
+                    f"{int(cadences.IDLE_IN_TRANSACTION_TIMEOUT * 1000)}ms",
+                    f"{int(cadences.STATEMENT_TIMEOUT * 1000)}ms",
                     *keepalives().server_settings(),
                     application_name(conf.replica_id),
                 ],
@@ -160,8 +161,8 @@ def _bounds_per_transaction(
         context["cursor"].cursor.execute(
             queries["transaction_bounds"],
             [
-                f"{int(conf.idle_in_transaction_timeout * 1000)}ms",
-                f"{int(conf.statement_timeout * 1000)}ms",
+                f"{int(cadences.IDLE_IN_TRANSACTION_TIMEOUT * 1000)}ms",
+                f"{int(cadences.STATEMENT_TIMEOUT * 1000)}ms",
                 application_name(conf.replica_id),
             ],
             prepare=False,
@@ -291,7 +292,7 @@ def ready_for_stop(using: str = "default") -> bool:
     - inside a psycopg call the signal interrupted (below the handler, on the same thread), which
       holds psycopg's connection lock: a statement sent now would wait for that lock for ever.
       The call's statement in flight, if any, is cancelled (a cancel request on a side
-      connection, psycopg's ``cancel_safe``, at most ``SCHEDULING_STATEMENT_TIMEOUT`` s), so the
+      connection, psycopg's ``cancel_safe``, at most ``cadences.STATEMENT_TIMEOUT`` s), so the
       call ends as soon as the ``SystemExit`` reaches it, without waiting for a lock or the
       statement timeout: False.
     - inside a transaction: a write now would be rolled back with it when the ``SystemExit``
@@ -332,7 +333,7 @@ def ready_for_stop(using: str = "default") -> bool:
 def _cancel(raw: psycopg.Connection[Any]) -> None:
     """Ask the server to cancel ``raw``'s statement in flight, waiting at most the timeout."""
     try:
-        raw.cancel_safe(timeout=conf.statement_timeout)
+        raw.cancel_safe(timeout=cadences.STATEMENT_TIMEOUT)
     except Exception as exc:  # noqa: BLE001 - the statement timeout ends it anyway
         logger.warning(
             "cannot cancel the scheduler's statement in flight: %s", exc,

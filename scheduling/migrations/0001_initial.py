@@ -159,7 +159,7 @@ class Migration(migrations.Migration):
                 ('republished', models.PositiveIntegerField(default=0, help_text="Times a replica re-published this run's message with the same task id (no worker started it within the delivery deadline, or its worker was lost and the task recovers).")),
                 ('republished_at', models.DateTimeField(blank=True, null=True)),
                 ('events', models.JSONField(blank=True, help_text='What happened to the run after its dispatch, in order: each re-publish and each Celery retry, as [{"at": ISO time (database clock, UTC), "kind": "republished" | "recovered" | "retry", "detail": text}]; empty for a run that had none.', null=True)),
-                ('overdue_at', models.DateTimeField(blank=True, help_text="When a replica found the run not succeeded past its task's success deadline (database clock); set once, by one replica (scheduling.overdue).", null=True)),
+                ('overdue_at', models.DateTimeField(blank=True, help_text="When a replica found the run not succeeded past its task's success deadline (database clock); set once, by one replica (scheduling.overdue_watch).", null=True)),
                 ('definition_version', models.PositiveIntegerField(blank=True, help_text="The task's definition version this run was planned from (its edit history entry); empty for runs planned before the history began.", null=True)),
                 ('periodic_task', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='runs', to='django_celery_beat.periodictask')),
             ],

@@ -9,7 +9,7 @@ class Replica(models.Model):
     """One beat replica as it last reported itself: for display and health probes only.
 
     ``scheduling.replicas.Heartbeat`` upserts the row at most every
-    ``SCHEDULING_HEARTBEAT_INTERVAL`` seconds, outside any claim transaction; times are the
+    ``cadences.HEARTBEAT_INTERVAL`` seconds, outside any claim transaction; times are the
     database clock (aware, UTC). Nothing in the claim path reads it: a replica without a row, or
     with a stale one, dispatches as usual.
     ``runs_claimed`` counts the runs this process committed a claim on since ``started_at``.

@@ -239,7 +239,7 @@ class Run(models.Model):
         null=True,
         blank=True,
         help_text="When a replica found the run not succeeded past its task's success deadline "
-        "(database clock); set once, by one replica (scheduling.overdue).",
+        "(database clock); set once, by one replica (scheduling.overdue_watch).",
     )
     definition_version = models.PositiveIntegerField(
         null=True,

@@ -260,13 +260,15 @@ WHERE r.id = e.id
 
 -- record_retry --
 -- A running run's attempt is being retried by Celery: retrying, its error, and a retry event
--- (its detail names the attempt). Params: error, detail, task id, retries (the retrying
--- attempt's request.retries; NULL: any attempt). Returns the run's id when one was running.
+-- (its detail names the attempt; with the attempt's start and worker, which the next attempt's
+-- start overwrites on the row). Params: error, detail, task id, retries (the retrying attempt's
+-- request.retries; NULL: any attempt). Returns the run's id when one was running.
 UPDATE {run}
 SET status = 'retrying', error = %(error)s,
     events = coalesce(events, '[]'::jsonb)
         || jsonb_build_array(jsonb_build_object('at', clock_timestamp(), 'kind', 'retry',
-                                                'detail', %(detail)s))
+                                                'detail', %(detail)s, 'started', started_at,
+                                                'worker', worker))
 WHERE task_id = %(task_id)s AND status = 'running'
   AND (%(retries)s::integer IS NULL OR retries = %(retries)s::integer)
 RETURNING id

@@ -138,7 +138,7 @@ class Deployment(Processes):
     def publish_copy(self, run: object) -> None:
         """Publish the scheduler's message of ``run`` again, as a re-publishing replica would."""
         from project.celery import app
-        from scheduling.messages import build_message
+        from scheduling.run_message import build_message
 
         message = build_message(run, run.periodic_task)  # type: ignore[attr-defined]
         options = {**message.options, "queue": self.queue}

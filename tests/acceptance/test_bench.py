@@ -57,6 +57,7 @@ EXPECTED_ROWS = [
     ("failover, 2 trials", "kill to re-dispatch by another replica, max"),
     ("worker, no-op task, 200 runs, concurrency 2", "executions per second: guarded / guard left"),
     ("worker, no-op task, 200 runs, concurrency 2", "executions per second: guarded vs plain"),
+    ("worker, no-op task, 200 runs, concurrency 2", "the server's commit ceiling"),
     ("day's ledger, 50 runs/s, 2 replicas, 4 s windows, prune older than 1 s",
      "ledger size, prune on: window start -> end"),
     ("day's ledger, 50 runs/s, 2 replicas, 4 s windows, prune older than 1 s",
@@ -102,6 +103,7 @@ OURS = {
     "kill to re-dispatch": rf"^{NUMBER} s$",
     "executions per second: guarded /": rf"^{NUMBER} runs/s / {NUMBER} runs/s$",
     "executions per second: guarded vs": rf"^{NUMBER} runs/s$",
+    "the server's commit ceiling": rf"^{NUMBER} / {NUMBER} commits/s$",
     "claim query": rf"^{NUMBER} ms$",
     "ledger size": rf"^{NUMBER} -> {NUMBER} rows \([+-]{NUMBER}%\); {NUMBER} -> {NUMBER} MB"
     rf" \([+-]{NUMBER}%\); prune deleted {NUMBER} runs; \d+ vacuums \((the server's autovacuum|"

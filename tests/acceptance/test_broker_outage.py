@@ -122,6 +122,7 @@ def test_broker_cut_for_20_s_dispatches_nothing_meanwhile_and_everything_after(
     assert_misfire_policies(
         {policy: _rows(task) for policy, task in tasks.items()},
         start=start, every=EVERY, grace=GRACE, down=cut, up=restored,
+        publish_slack=timedelta(seconds=RESUME_BOUND),
     )
 
     one_off.refresh_from_db()

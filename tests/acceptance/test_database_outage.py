@@ -144,7 +144,7 @@ def test_database_restart_keeps_replicas_up_and_resumes_within_5_s(tmp_path, pg)
             )[0][0]
 
         wait_until(lambda: due_at_return() == 0, timeout=15)
-        # A replica in backoff ticks again within SCHEDULING_RETRY_BACKOFF_MAX (3 s) of its last
+        # A replica in backoff ticks again within cadences.RETRY_BACKOFF_MAX (3 s) of its last
         # failed tick; the other may have claimed everything by then. Each says it is back at
         # its first tick that reached the server: wait for that, not a fixed time.
         wait_until(lambda: all(_back(deployment, name) for name in replicas), timeout=15)

@@ -36,7 +36,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-#: A replica's longest sleep between two ticks (SCHEDULING_MAX_INTERVAL, 0.5 s by default),
+#: A replica's longest sleep between two ticks (cadences.MAX_INTERVAL, 0.5 s by default),
 #: rounded up, seconds.
 TICK = 1.0
 #: Time a busy 2-core machine may add to any step of a process (a poll, a pass, a start), seconds.

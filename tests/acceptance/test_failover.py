@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.once]
 WAIT = 120
 
 #: Seconds from the promotion to the first dispatch and the first start on the new primary: the
-#: replicas' backoff cap (SCHEDULING_RETRY_BACKOFF_MAX, 3 s) plus a tick and a reconnection.
+#: replicas' backoff cap (cadences.RETRY_BACKOFF_MAX, 3 s) plus a tick and a reconnection.
 RESUME_BOUND = 5.0
 
 # Interval tasks (name: seconds, in the environment as TASKS) from three seconds ahead; a

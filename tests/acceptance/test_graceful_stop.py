@@ -2,7 +2,7 @@
 
 A beat replica gets SIGTERM (or SIGINT) while its poll or a statement of its reconcile pass waits
 on a table lock another session holds, between publishing and committing a claim, or in its idle
-sleep. Each time it exits within the statement timeout (``SCHEDULING_STATEMENT_TIMEOUT``; a claim
+sleep. Each time it exits within the statement timeout (``cadences.STATEMENT_TIMEOUT``; a claim
 first commits, its message being out), its ``Replica`` row records the clean stop
 (``stopped_at``) and the reconcile turn is free for another replica at once, not after
 ``TURN_PATIENCE``.
@@ -26,8 +26,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from scheduling import ledger
-from scheduling.conf import conf
+from scheduling import cadences, ledger
 from scheduling.models import Replica, Run, ScheduleChange
 from scheduling.schedulers import TURN_PATIENCE
 from scheduling.sql import RECONCILE_LOCK, queries
@@ -154,19 +153,19 @@ def _shut(deployment: Deployment, raw: psycopg.Connection) -> None:
 
 def _still_running_at(signalled_at: datetime, started: datetime) -> None:
     """The blocked statement had not reached the statement timeout when it was signalled."""
-    assert signalled_at - started < timedelta(seconds=conf.statement_timeout)
+    assert signalled_at - started < timedelta(seconds=cadences.STATEMENT_TIMEOUT)
 
 
 def test_sigterm_while_the_poll_waits_on_a_lock(tmp_path, raw_connection):
     deployment = _started(tmp_path)
     try:
         _hold(raw_connection, Run._meta.db_table)
-        query, started, _ = wait_until(_blocked_statement, timeout=conf.statement_timeout * 3)
+        query, started, _ = wait_until(_blocked_statement, timeout=cadences.STATEMENT_TIMEOUT * 3)
         # the poll as sent: its due floor bound on the client (a quoted timestamp)
         poll = re.escape(queries["poll"].strip()).replace("%s", "'[^']+'(::timestamptz)?")
         assert re.fullmatch(poll, query.strip()), query
         _stop(
-            deployment, signal.SIGTERM, conf.statement_timeout + EXIT_MARGIN, raw_connection,
+            deployment, signal.SIGTERM, cadences.STATEMENT_TIMEOUT + EXIT_MARGIN, raw_connection,
             lambda signalled_at: _still_running_at(signalled_at, started),
         )
     finally:
@@ -182,12 +181,12 @@ def test_sigterm_while_a_reconcile_pass_holds_the_turn_and_waits_on_a_lock(
     try:
         _hold(raw_connection, ScheduleChange._meta.db_table)
         query, started, holds_turn = wait_until(
-            _blocked_statement, timeout=conf.statement_timeout * 3
+            _blocked_statement, timeout=cadences.STATEMENT_TIMEOUT * 3
         )
         assert ScheduleChange._meta.db_table in query
         assert holds_turn
         _stop(
-            deployment, signal.SIGTERM, conf.statement_timeout + EXIT_MARGIN, raw_connection,
+            deployment, signal.SIGTERM, cadences.STATEMENT_TIMEOUT + EXIT_MARGIN, raw_connection,
             lambda signalled_at: _still_running_at(signalled_at, started),
         )
     finally:

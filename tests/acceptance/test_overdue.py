@@ -31,7 +31,7 @@ from tests.webhook_server import Hook
 pytestmark = [pytest.mark.acceptance, pytest.mark.once, pytest.mark.django_db(transaction=True)]
 
 DEADLINE = 3
-#: A replica's tick (SCHEDULING_MAX_INTERVAL, 0.5 s) plus its overdue interval (1 s), and room for a
+#: A replica's tick (cadences.MAX_INTERVAL, 0.5 s) plus its overdue interval (1 s), and room for a
 #: loaded machine: the mark is never early (asserted exactly), and late by at most this.
 TICK_BOUND = 4.0
 REPLICAS = ("replica-1", "replica-2")

@@ -37,8 +37,8 @@ import pytest
 
 from scheduling.ledger.session import keepalives
 from tests import netns
-from tests.acceptance.deployment import ROOT, Deployment, wait_until
 from tests.acceptance import private_redis
+from tests.acceptance.deployment import ROOT, Deployment, wait_until
 from tests.acceptance.private_postgres import PrivatePostgres
 
 # Its own PostgreSQL and Redis, whatever the suite's are: `.ci/run`'s first pass runs it.
@@ -128,7 +128,7 @@ def _runs(pg: PrivatePostgres) -> list[tuple]:
 
 def test_a_replica_cut_off_mid_claim_for_60_s(tmp_path, network, pg, redis_url):
     bound = keepalives().bound
-    assert bound == 11  # 5 s idle, then 3 probes 2 s apart (SCHEDULING_TCP_KEEPALIVES_IDLE=5)
+    assert bound == 11  # 5 s idle, then 3 probes 2 s apart (cadences.TCP_KEEPALIVES_IDLE=5)
     deployment = Deployment(
         tmp_path, DATABASE_URL=pg.url, CELERY_BROKER_URL=redis_url,
         SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT=str(IDLE_TIMEOUT),
@@ -279,7 +279,7 @@ def test_a_worker_cut_off_mid_run_for_60_s(tmp_path, network, pg, redis_url):
     ]
     assert logs["other"].count("duplicate delivery suppressed") == 1
     # The write failed while cut off and was retried until made: the pool process logged losing
-    # the database and reaching it again (scheduling.reach), and never gave the outcome up.
+    # the database and reaching it again (scheduling.database_reach), and never gave the outcome up.
     assert " lost the database (connected to " in logs["cut"]
     assert " reached the database again at " in logs["cut"]
     assert "cannot record record_finished" not in logs["cut"]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
+from scheduling import cadences
 from scheduling.models import Run
 from scheduling.outcomes import outcome_of
 from tests.pages_seed import (
@@ -60,7 +61,7 @@ def seeded() -> list[SeededRun]:
 
 
 @pytest.fixture
-def page(live_server, settings, seeded) -> Iterator[object]:
+def page(live_server, monkeypatch, seeded) -> Iterator[object]:
     """A logged-in chromium page at 1,280 x 800 (the superuser went through the login form).
 
     Heartbeats every 60 s: the live replica stays live (stale after 180 s) however slowly a
@@ -73,7 +74,7 @@ def page(live_server, settings, seeded) -> Iterator[object]:
         pytest.skip(reason)
     from playwright.sync_api import sync_playwright
 
-    settings.SCHEDULING_HEARTBEAT_INTERVAL = 60
+    monkeypatch.setattr(cadences, "HEARTBEAT_INTERVAL", 60)
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)

@@ -13,8 +13,8 @@ from django.db import connection, connections, transaction
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import ledger, slots
-from scheduling.messages import Message
 from scheduling.models import Run, TaskPolicy
+from scheduling.run_message import Message
 from tests.pgbouncer import free_port
 
 GRACE = timedelta(seconds=60)

@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
+from scheduling import cadences
 from tests.integration.conftest import GRACE
 from tests.pages_seed import (
     HOURLY,
@@ -139,8 +140,9 @@ def test_health_page_queries_do_not_grow_with_runs(staff, django_assert_max_num_
         assert staff.get(HEALTH).status_code == 200
 
 
-def test_replicas_page_flags_stale_and_stopped(staff, settings):
-    settings.SCHEDULING_HEARTBEAT_INTERVAL = 60  # live stays live on a slow machine (180 s)
+def test_replicas_page_flags_stale_and_stopped(monkeypatch, staff, settings):
+    # live stays live on a slow machine (180 s)
+    monkeypatch.setattr(cadences, "HEARTBEAT_INTERVAL", 60)
     seed_replicas()
     html = staff.get(REPLICAS).content.decode()
     states = re.findall(

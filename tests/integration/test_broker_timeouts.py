@@ -6,13 +6,14 @@ import logging
 import time
 import uuid
 from datetime import timedelta
+from unittest.mock import patch
 
 import pytest
 from celery import Celery
 from django.conf import settings
 from django.test import override_settings
 
-from scheduling import ledger
+from scheduling import cadences, ledger
 from scheduling.models import Run
 from scheduling.schedulers import LedgerScheduler
 from tests.acceptance.deployment import broker_is_amqp, broker_is_redis, delete_queue
@@ -46,7 +47,8 @@ def proxied_app(monkeypatch):
     reason="kombu's SQL transport has no socket read timeout (psycopg has none): a frozen "
     "SQL broker holds the publish until the claim's idle-in-transaction bound",
 )
-@override_settings(SCHEDULING_REJECT_UNKNOWN_TASKS=False, SCHEDULING_BROKER_TIMEOUT=TIMEOUT)
+@override_settings(SCHEDULING_REJECT_UNKNOWN_TASKS=False)
+@patch.multiple(cadences, BROKER_TIMEOUT=TIMEOUT)
 def test_a_publish_to_a_frozen_broker_fails_within_the_broker_timeout(proxied_app, make_task):
     app, proxy = proxied_app
     start = ledger.database_now() - timedelta(seconds=0.5)

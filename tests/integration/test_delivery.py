@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from scheduling import ledger
+from scheduling import cadences, ledger
 from scheduling.models import Run, TaskPolicy
 from tests.integration.conftest import claim
 
@@ -116,15 +116,16 @@ def test_one_pass_republishes_at_most_its_batch_oldest_first(make_task, recorder
 
 
 def test_a_slow_broker_ends_the_pass_before_the_idle_in_transaction_bound(
+    monkeypatch,
     make_task, recorder, settings
 ):
-    """A pass that outlived SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT would be rolled back by the
+    """A pass that outlived cadences.IDLE_IN_TRANSACTION_TIMEOUT would be rolled back by the
     server behind messages already sent, and the next pass would send them again (20 copies of a
     run were seen on the SQL broker). Publishing stops at half the bound; what is left is not
     written and goes in the next pass: each run is sent once."""
     import time
 
-    settings.SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT = 0.6  # a budget of 0.3 s
+    monkeypatch.setattr(cadences, "IDLE_IN_TRANSACTION_TIMEOUT", 0.6)  # a budget of 0.3 s
     runs = [ledger.request_run(make_task(every=3600)) for _ in range(5)]
     claim(recorder)
     recorder.messages.clear()

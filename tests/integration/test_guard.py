@@ -106,6 +106,7 @@ def test_a_run_closed_not_delivered_executes_when_its_message_arrives_after_all(
 
 def test_celery_retries_execute_and_stale_attempts_do_not(dispatched):
     begin(dispatched)
+    first_start = Run.objects.get(pk=dispatched.pk).started_at
     assert ledger.record_retry(dispatched.task_id, "Retry in 0s", retries=0)
     assert counters(dispatched) == (Run.Status.RETRYING, 0, 1, 0)
     assert begin(dispatched, redelivered=True).execute is False  # attempt 0 again
@@ -117,9 +118,10 @@ def test_celery_retries_execute_and_stale_attempts_do_not(dispatched):
     assert ledger.record_finished(dispatched.task_id, Run.Status.SUCCEEDED, retries=2) is True
     assert counters(dispatched) == (Run.Status.SUCCEEDED, 2, 3, 1)
     events = Run.objects.get(pk=dispatched.pk).events  # the one retry recorded, not the stale one
-    assert [(e["kind"], e["detail"]) for e in events] == [
-        ("retry", "attempt 0 failed and is retried: Retry in 0s")
+    assert [(e["kind"], e["detail"], e["worker"]) for e in events] == [
+        ("retry", "attempt 1 failed and is retried: Retry in 0s", "w1@host")
     ]
+    assert datetime.fromisoformat(events[0]["started"]) == first_start  # attempt 1's own
     at = datetime.fromisoformat(events[0]["at"])
     assert Run.objects.get(pk=dispatched.pk).dispatched_at < at < ledger.database_now()
 

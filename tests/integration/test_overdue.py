@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from scheduling import health, ledger, signals, webhook
 from scheduling.models import Run, TaskPolicy
-from scheduling.overdue import OverdueWatch
+from scheduling.overdue_watch import OverdueWatch
 from scheduling.replicas import Heartbeat
 from tests.webhook_server import Hook
 

@@ -23,7 +23,7 @@ from celery.exceptions import Ignore
 from django.db import DatabaseError, connection, connections, transaction
 from django.db.backends.postgresql.base import DatabaseWrapper
 
-from scheduling import checks, guard, ledger
+from scheduling import cadences, checks, guard, ledger
 from scheduling.models import Run
 from scheduling.sql import RECONCILE_LOCK
 from tests.integration.conftest import GRACE, claim, make_due
@@ -150,12 +150,14 @@ def _hold_server(bouncer, pid: int) -> psycopg.Connection:
     raise AssertionError("no client was lent that server session")
 
 
-def test_the_bounds_are_set_per_transaction_and_reach_no_other_client(start_pgbouncer, settings):
+def test_the_bounds_are_set_per_transaction_and_reach_no_other_client(
+    monkeypatch, start_pgbouncer, settings
+):
     """One server session for every client (a pool of 1): a session setting would stay there."""
     bouncer = start_pgbouncer(pool_size=1)
     settings.SCHEDULING_REPLICA_ID = "replica-7"
-    settings.SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT = 3.5
-    settings.SCHEDULING_STATEMENT_TIMEOUT = 2.0
+    monkeypatch.setattr(cadences, "IDLE_IN_TRANSACTION_TIMEOUT", 3.5)
+    monkeypatch.setattr(cadences, "STATEMENT_TIMEOUT", 2.0)
     names = ("idle_in_transaction_session_timeout", "statement_timeout", "application_name")
     read = "SELECT " + ", ".join(f"current_setting('{name}')" for name in names)
     with routed(bouncer, settings):
@@ -172,9 +174,11 @@ def test_the_bounds_are_set_per_transaction_and_reach_no_other_client(start_pgbo
     assert after[2] != "scheduling-beat:replica-7"
 
 
-def test_the_server_ends_a_transaction_left_idle_through_the_pooler(through_pgbouncer, settings):
+def test_the_server_ends_a_transaction_left_idle_through_the_pooler(
+    monkeypatch, through_pgbouncer, settings
+):
     """Invariant 8 through PgBouncer: the bound set in the transaction is the server's."""
-    settings.SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT = 1.0
+    monkeypatch.setattr(cadences, "IDLE_IN_TRANSACTION_TIMEOUT", 1.0)
     ledger.configure_session()
     started = time.monotonic()
     with pytest.raises(DatabaseError, match="idle-in-transaction timeout"):

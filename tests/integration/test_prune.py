@@ -13,15 +13,16 @@ import uuid
 from collections import Counter
 from datetime import timedelta
 from io import StringIO
+from unittest.mock import patch
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
 
-from scheduling import ledger
+from scheduling import cadences, ledger
+from scheduling.builtin_prune import BuiltinPrune
 from scheduling.models import Run
-from scheduling.retention import BuiltinPrune
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -128,8 +129,8 @@ def test_builtin_prune_deletes_the_same_in_small_batches_per_step(make_task):
     deleted = _expected_deleted(runs, timedelta(days=30), keep_last=2)
     before = _ids()
     pruner = BuiltinPrune()
-    with override_settings(SCHEDULING_PRUNE_OLDER_THAN="30d", SCHEDULING_PRUNE_KEEP_LAST=2,
-                           SCHEDULING_PRUNE_BATCH_SIZE=10):
+    with override_settings(SCHEDULING_PRUNE_OLDER_THAN="30d", SCHEDULING_PRUNE_KEEP_LAST=2), \
+            patch.multiple(cadences, PRUNE_BATCH_SIZE=10):
         sizes = []
         for _ in range(len(deleted) // 10 + 1):
             left = len(_ids())
@@ -137,7 +138,7 @@ def test_builtin_prune_deletes_the_same_in_small_batches_per_step(make_task):
             sizes.append(left - len(_ids()))
         assert _ids() == before - deleted
         assert sizes == [10] * (len(deleted) // 10) + [len(deleted) % 10]
-        pruner.step()  # the pass is over; the next one waits for SCHEDULING_PRUNE_INTERVAL
+        pruner.step()  # the pass is over; the next one waits for cadences.PRUNE_INTERVAL
         assert _ids() == before - deleted
 
 
@@ -203,18 +204,18 @@ def test_builtin_prune_that_fails_waits_for_the_next_pass(make_task, settings, c
     pruner = BuiltinPrune()
     pruner.step()
     pruner.step()
-    assert [r.message for r in caplog.records if r.name == "scheduling.retention"] == [
+    assert [r.message for r in caplog.records if r.name == "scheduling.builtin_prune"] == [
         "built-in prune failed"
     ]
     assert _ids() == {r.pk for r in runs}
 
 
-def test_a_replica_prunes_in_batches_on_idle_ticks(make_task, settings):
+def test_a_replica_prunes_in_batches_on_idle_ticks(monkeypatch, make_task, settings):
     from project.celery import app
     from scheduling.schedulers import LedgerScheduler
 
     settings.SCHEDULING_PRUNE_OLDER_THAN = "30d"
-    settings.SCHEDULING_PRUNE_BATCH_SIZE = 2
+    monkeypatch.setattr(cadences, "PRUNE_BATCH_SIZE", 2)
     task = make_task(every=3600, name="hourly")
     now = ledger.database_now()
     old = [
@@ -233,13 +234,13 @@ def test_a_replica_prunes_in_batches_on_idle_ticks(make_task, settings):
     assert Run.objects.pending().filter(periodic_task=task).count() == 1
 
 
-def test_a_busy_replica_prunes_within_a_tenth_of_its_time(make_task, settings):
+def test_a_busy_replica_prunes_within_a_tenth_of_its_time(monkeypatch, make_task, settings):
     """Busy steps (a run due now) delete a batch only after the prune rested nine times as long
     as its last batch took; an idle step deletes whenever a pass is under way."""
     runs = _seed(make_task)
     deleted = _expected_deleted(runs, timedelta(days=30), keep_last=0)
     settings.SCHEDULING_PRUNE_OLDER_THAN = "30d"
-    settings.SCHEDULING_PRUNE_BATCH_SIZE = 10
+    monkeypatch.setattr(cadences, "PRUNE_BATCH_SIZE", 10)
     calls = iter(range(1, 10_000))  # each reading of the clock one unit later: a batch takes 1
     pruner = BuiltinPrune(clock=lambda: next(calls))
     sizes = []
@@ -256,14 +257,16 @@ def test_a_busy_replica_prunes_within_a_tenth_of_its_time(make_task, settings):
     assert len(deleted) > 50  # the pass was not over: every batch was full
 
 
-def test_a_busy_replicas_batch_is_sized_to_take_about_two_milliseconds(make_task, settings):
+def test_a_busy_replicas_batch_is_sized_to_take_about_two_milliseconds(
+    monkeypatch, make_task, settings
+):
     """A busy batch's size is the last one's times BUSY_BATCH_SECONDS over the time it took, at
-    most double, between SCHEDULING_PRUNE_BATCH_SIZE / 25 and SCHEDULING_PRUNE_BATCH_SIZE; the
+    most double, between cadences.PRUNE_BATCH_SIZE / 25 and cadences.PRUNE_BATCH_SIZE; the
     batch that plans the pass and an idle one are not measured; an idle batch is full size."""
     runs = _seed(make_task)
     deleted = _expected_deleted(runs, timedelta(days=30), keep_last=0)
     settings.SCHEDULING_PRUNE_OLDER_THAN = "30d"
-    settings.SCHEDULING_PRUNE_BATCH_SIZE = 40  # the smallest busy batch: 40 // 25 -> 1
+    monkeypatch.setattr(cadences, "PRUNE_BATCH_SIZE", 40)  # the smallest busy batch: 40 // 25 -> 1
     took = [0.005, 0.001, 0.001, 0.0001, 0.008, 0.001, 0.004]  # seconds, one per busy batch
     readings = []
     for i, seconds in enumerate(took):  # each step reads the clock before and after its batch
@@ -284,14 +287,14 @@ def test_a_busy_replicas_batch_is_sized_to_take_about_two_milliseconds(make_task
     assert len(deleted) > sum(sizes)  # every batch was full: the pass went on
 
 
-def test_a_replica_with_a_run_due_at_every_tick_prunes_too(make_task, settings):
+def test_a_replica_with_a_run_due_at_every_tick_prunes_too(monkeypatch, make_task, settings):
     """The benchmark's day ledger: at 1,000 runs/s no tick was idle and nothing was pruned."""
     from project.celery import app
     from scheduling.schedulers import LedgerScheduler
 
     settings.SCHEDULING_PRUNE_OLDER_THAN = "30d"
-    settings.SCHEDULING_PRUNE_BATCH_SIZE = 2
-    settings.SCHEDULING_BATCH_SIZE = 1
+    monkeypatch.setattr(cadences, "PRUNE_BATCH_SIZE", 2)
+    monkeypatch.setattr(cadences, "BATCH_SIZE", 1)
     now = ledger.database_now()
     tasks = [make_task(every=3600, name=f"due-{i}", start_time=now - timedelta(seconds=1))
              for i in range(3)]

@@ -22,8 +22,8 @@ from celery import Celery
 from django.conf import settings
 from kombu import Connection, Exchange, Queue
 
-from scheduling.messages import Message
 from scheduling.publisher import PUBLISH_RETRY_POLICY, RunPublisher
+from scheduling.run_message import Message
 from tests.acceptance.deployment import delete_queue
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]  # SQL transport: tables

@@ -1,6 +1,6 @@
 """Reconcile passes cost what changed, not the number of tasks (issue 6, docs/benchmarks.md).
 
-A replica checks every task at its start (and every SCHEDULING_FULL_RECONCILE_INTERVAL); its
+A replica checks every task at its start (and every cadences.FULL_RECONCILE_INTERVAL); its
 other passes read the change log: created tasks ('unplanned', by the insert trigger), edits, and
 tasks whose schedule gave no next slot at claim time.
 """
@@ -11,15 +11,15 @@ import json
 import logging
 import time
 from datetime import timedelta
+from unittest.mock import patch
 
 import pytest
 from django.db import connection, transaction
-from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from project.celery import app
-from scheduling import ledger
+from scheduling import cadences, ledger
 from scheduling.models import Run, ScheduleChange
 from scheduling.schedulers import LedgerScheduler
 from scheduling.sql import RECONCILE_LOCK, queries
@@ -130,7 +130,7 @@ def test_the_scheduler_checks_every_task_only_at_start_and_every_full_interval(m
         full = [r for r in caplog.records if r.getMessage().startswith("full reconcile")]
         assert [r.getMessage().split(" in ")[0] for r in full] == ["full reconcile: planned 1 runs"]
         assert Run.objects.pending().filter(periodic_task=created).count() == 1
-        with override_settings(SCHEDULING_FULL_RECONCILE_INTERVAL=0):
+        with patch.multiple(cadences, FULL_RECONCILE_INTERVAL=0):
             make_task(every=3600)
             scheduler.tick()
     logging.getLogger("scheduling.schedulers").removeHandler(caplog.handler)
@@ -260,7 +260,7 @@ def test_a_replica_that_skipped_its_turn_passes_again_when_its_interval_is_up(
         assert not any("full reconcile" in m for m in caplog.messages)
         raw_connection.execute("SELECT pg_advisory_unlock(%s)", [RECONCILE_LOCK])
         task = make_task(every=3600)
-        with override_settings(SCHEDULING_RECONCILE_INTERVAL=0):
+        with patch.multiple(cadences, RECONCILE_INTERVAL=0):
             scheduler.tick()
     assert [m for m in caplog.messages if "full reconcile" in m] == [
         "full reconcile: planned 1 runs in " + caplog.messages[-1].rsplit(" in ", 1)[1]

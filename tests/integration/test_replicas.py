@@ -8,13 +8,13 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from unittest.mock import patch
 
 import pytest
 from django.db import connection
-from django.test import override_settings
 
 from project.celery import app
-from scheduling import ledger
+from scheduling import cadences, ledger
 from scheduling.models import Replica, Run
 from scheduling.replicas import Heartbeat
 from scheduling.schedulers import LedgerScheduler
@@ -97,7 +97,7 @@ def test_a_restart_under_the_same_id_starts_the_row_afresh():
     assert not Replica.objects.filter(pk="gone").exists()  # older than a week: pruned
 
 
-@override_settings(SCHEDULING_HEARTBEAT_INTERVAL=0)
+@patch.multiple(cadences, HEARTBEAT_INTERVAL=0)
 def test_tick_counts_claimed_runs_and_costs_one_query_more_when_it_beats(
     make_task, django_assert_num_queries
 ):
@@ -115,7 +115,7 @@ def test_tick_counts_claimed_runs_and_costs_one_query_more_when_it_beats(
     assert Replica.objects.get(pk=scheduler.replica_id).stopped_at is not None
 
 
-@override_settings(SCHEDULING_HEARTBEAT_INTERVAL=0)
+@patch.multiple(cadences, HEARTBEAT_INTERVAL=0)
 def test_a_failing_heartbeat_never_stops_a_claim(make_task, raw_connection):
     scheduler = LedgerScheduler(app=app)
     scheduler.tick()  # registers the replica row

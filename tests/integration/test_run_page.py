@@ -39,9 +39,10 @@ def page(client, make_task):
             {"at": (SLOT + _ms(301_262)).isoformat(), "kind": "republished",
              "detail": "re-published (1 of 3): no worker started it within 300 s"},
             {"at": (SLOT + _ms(302_500)).isoformat(), "kind": "retry",
-             "detail": "attempt 0 failed and is retried: boom"},
+             "detail": "attempt 1 failed and is retried: boom",
+             "started": (SLOT + _ms(301_300)).isoformat(), "worker": "celery@w1"},
         ],
-        started_at=SLOT + _ms(301_300), finished_at=SLOT + _ms(303_801), worker="celery@w1",
+        started_at=SLOT + _ms(302_600), finished_at=SLOT + _ms(303_801), worker="celery@w2",
         executions=2, retries=1, error="Traceback ...\nValueError: <b>boom</b>",
         reason="",
     )
@@ -62,7 +63,9 @@ def test_the_run_page_shows_its_timeline_to_the_millisecond_in_utc_and_its_zone(
         ("started", "2026-07-06 07:05:01.300", "2026-07-06 09:05:01.300 CEST",
          "on worker celery@w1"),
         ("retried", "2026-07-06 07:05:02.500", "2026-07-06 09:05:02.500 CEST",
-         "attempt 0 failed and is retried: boom"),
+         "attempt 1 failed and is retried: boom"),
+        ("started", "2026-07-06 07:05:02.600", "2026-07-06 09:05:02.600 CEST",
+         "attempt 2 on worker celery@w2"),
         ("ended failed", "2026-07-06 07:05:03.801", "2026-07-06 09:05:03.801 CEST", ""),
     ]
     assert "<th>Europe/Berlin</th>" in page
@@ -72,10 +75,38 @@ def test_the_run_page_gives_its_figures_and_error_before_the_raw_fields(page):
     figures = re.search(r'<p class="run-story-figures">(.*?)</p>', page, re.S)[1]
     text = re.sub(r"<[^>]+>", "", figures)
     assert " ".join(text.split()) == (
-        "failed · lateness 0.012 s · runtime 2.501 s · deliveries 2 (dispatch and 1 re-publish) "
+        "failed · lateness 0.012 s · runtime 1.201 s (the last of 2 attempts) · deliveries 2"
+        " (dispatch and 1 re-publish) "
         "· executions 2 · duplicates suppressed 0 · Celery retries 1"
     )
     assert "<pre>Traceback ...\nValueError: &lt;b&gt;boom&lt;/b&gt;</pre>" in page
-    assert "<code>app-1:42</code>" in page and "<code>celery@w1</code>" in page
+    assert "<code>app-1:42</code>" in page and "<code>celery@w2</code>" in page
     assert page.index("run-timeline") < page.index("Raw fields")
     assert page.count("Definition version") + page.count("definition version") == 1
+
+
+def test_the_raw_fields_show_their_moments_to_the_millisecond_in_utc(page):
+    raw = page[page.index("Raw fields"):]
+    shown = dict(re.findall(r"<label>([^<]*) \(UTC\):</label>\s*<div class=\"readonly\">([^<]*)</div>",
+                            raw))
+    assert {label: shown[label] for label in ("Dispatched at", "Started at", "Finished at",
+                                              "Republished at", "Overdue at")} == {
+        "Dispatched at": "2026-07-06 07:00:01.262", "Started at": "2026-07-06 07:05:02.600",
+        "Finished at": "2026-07-06 07:05:03.801", "Republished at": "2026-07-06 07:05:01.262",
+        "Overdue at": "-",
+    }
+
+
+def test_a_backfill_run_s_lateness_is_not_measured(client, make_task):
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    task = make_task(every=3600, name="hourly")
+    run = Run.objects.create(
+        periodic_task=task, periodic_task_name=task.name, task=task.task, scheduled_for=SLOT,
+        trigger=Run.Trigger.BACKFILL, task_id="b-1", status=Run.Status.SUCCEEDED,
+        dispatched_at=SLOT + timedelta(hours=5), started_at=SLOT + timedelta(hours=5, seconds=1),
+        finished_at=SLOT + timedelta(hours=5, seconds=3), executions=1,
+    )
+    page = client.get(reverse("admin:scheduling_run_change", args=[run.pk])).content.decode()
+    figures = re.sub(r"<[^>]+>", "", re.search(r'run-story-figures">(.*?)</p>', page, re.S)[1])
+    assert " ".join(figures.split()).split(" · ")[1:3] == [
+        "lateness - (a backfill of a past slot)", "runtime 2.000 s"]

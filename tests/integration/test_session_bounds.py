@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 from django.db import connection
 from django.test import override_settings
 
-from scheduling import ledger
+from scheduling import cadences, ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@override_settings(
-    SCHEDULING_REPLICA_ID="replica-7",
-    SCHEDULING_IDLE_IN_TRANSACTION_TIMEOUT=3.5,
-    SCHEDULING_STATEMENT_TIMEOUT=2.0,
-    SCHEDULING_TCP_KEEPALIVES_IDLE=9,
+@override_settings(SCHEDULING_REPLICA_ID="replica-7")
+@patch.multiple(
+    cadences, IDLE_IN_TRANSACTION_TIMEOUT=3.5, STATEMENT_TIMEOUT=2.0, TCP_KEEPALIVES_IDLE=9
 )
 def test_configure_session_sets_timeouts_keepalives_and_application_name():
     connection.close()

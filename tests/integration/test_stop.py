@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from unittest.mock import patch
 
 import psycopg
 import pytest
 from django.db import connection, transaction
-from django.test import override_settings
 from psycopg import pq
 
 from project.celery import app
-from scheduling import ledger
+from scheduling import cadences, ledger
 from scheduling.conf import conf
 from scheduling.models import Replica
 from scheduling.schedulers import LedgerScheduler
@@ -68,7 +68,7 @@ def _stopped_at(raw_connection: psycopg.Connection[Any], replica_id: str) -> obj
     return row[0]
 
 
-@override_settings(SCHEDULING_STATEMENT_TIMEOUT=STATEMENT_TIMEOUT)
+@patch.multiple(cadences, STATEMENT_TIMEOUT=STATEMENT_TIMEOUT)
 def test_close_mid_statement_cancels_it_at_once_and_the_next_close_records_the_stop(
     raw_connection,
 ):
@@ -107,7 +107,7 @@ def test_close_inside_a_transaction_leaves_the_stop_to_the_next_close(
     assert Replica.objects.get(pk=scheduler.replica_id).stopped_at is not None
 
 
-@override_settings(SCHEDULING_STATEMENT_TIMEOUT=STATEMENT_TIMEOUT)
+@patch.multiple(cadences, STATEMENT_TIMEOUT=STATEMENT_TIMEOUT)
 def test_a_statement_left_in_flight_ends_with_its_session_and_its_locks(raw_connection):
     connection.close()
     ledger.configure_session()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from unittest.mock import patch
 
 import pytest
 from django.db import connection
 from django.test import override_settings
 
-from scheduling import ledger, worker
+from scheduling import cadences, ledger, worker
 from scheduling.models import Run
 from tests.integration.conftest import claim, make_due
 
@@ -80,13 +81,14 @@ def test_a_write_failing_past_its_patience_is_logged_and_reported_as_not_recorde
     assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == worker.__name__] == [
         ("ERROR", f"cannot record finish_on_a_terminated_connection for run {run.task_id}"),
     ]
-    lost = [r.getMessage() for r in caplog.records if r.name == "scheduling.reach"]
+    lost = [r.getMessage() for r in caplog.records if r.name == "scheduling.database_reach"]
     assert len(lost) == 1 and " lost the database (connected to " in lost[0], lost
     run.refresh_from_db()
     assert run.status == Run.Status.DISPATCHED
 
 
-@override_settings(SCHEDULING_WORKER_LOST_AFTER=30.0, SCHEDULING_RETRY_BACKOFF_MAX=0.5)
+@override_settings(SCHEDULING_WORKER_LOST_AFTER=30.0)
+@patch.multiple(cadences, RETRY_BACKOFF_MAX=0.5)
 def test_a_write_failing_within_the_bound_is_tried_again_until_it_is_made(
     make_task, recorder, raw_connection, caplog
 ):
@@ -105,7 +107,7 @@ def test_a_write_failing_within_the_bound_is_tried_again_until_it_is_made(
     assert [r.levelname for r in caplog.records if r.name == worker.__name__] == []
     # one line each way; the "lost" one only when this process had not lost the database already
     # (a write given up, as in the test above, leaves it lost until the next write is made)
-    reach = [r.getMessage() for r in caplog.records if r.name == "scheduling.reach"]
+    reach = [r.getMessage() for r in caplog.records if r.name == "scheduling.database_reach"]
     assert " reached the database again at " in reach[-1], reach
     assert [m for m in reach[:-1] if " lost the database (connected to " not in m] == [], reach
     assert len(reach) <= 2, reach

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from django.test import override_settings
 
-from scheduling.conf import DEFAULTS, conf
+from scheduling import cadences
+from scheduling.checks import check_internal_settings
+from scheduling.conf import DEFAULTS, INTERNAL, conf
 
 
 @pytest.fixture(autouse=True)
@@ -23,39 +25,28 @@ def _no_environment_fallbacks(monkeypatch):
 
 def test_every_setting_is_read_through_override_settings_and_converted():
     configured = {
-        "REPLICA_ID": 7, "MAX_INTERVAL": "2", "BATCH_SIZE": "7", "PREPARED_CLAIM": 0,
-        "DIRECT_DATABASE": "direct",
-        "MISFIRE_GRACE_SECONDS": 30, "RECONCILE_INTERVAL": "5", "FULL_RECONCILE_INTERVAL": 60,
-        "OVERLAP_STALE_SECONDS": "120", "STATEMENT_TIMEOUT": 1, "IDLE_IN_TRANSACTION_TIMEOUT": 2,
-        "TCP_KEEPALIVES_IDLE": "3", "WORKER_LOST_AFTER": 10, "WORKER_LOST_POLICY": "recover",
-        "DELIVERY_TIMEOUT": "30", "REPUBLISH_LIMIT": "2", "RETRY_BACKOFF_MAX": 1,
-        "BROKER_TIMEOUT": "0.5", "REJECT_UNKNOWN_TASKS": "", "HEARTBEAT_INTERVAL": 1,
-        "METRICS_PORT": "9100", "METRICS_ADDR": "127.0.0.1", "METRICS_TASK_LABELS": 0,
-        "PRUNE_OLDER_THAN": "12h", "PRUNE_KEEP_LAST": "3", "PRUNE_INTERVAL": 60,
-        "PRUNE_BATCH_SIZE": "50", "SUCCESS_DEADLINE": "90", "OVERDUE_INTERVAL": "0.5",
-        "WEBHOOK_URL": "http://127.0.0.1:1/hook", "WEBHOOK_TIMEOUT": 2, "WEBHOOK_RETRIES": "1",
+        "REPLICA_ID": 7, "PREPARED_CLAIM": 0, "DIRECT_DATABASE": "direct",
+        "MISFIRE_GRACE_SECONDS": 30, "OVERLAP_STALE_SECONDS": "120", "WORKER_LOST_AFTER": 10,
+        "WORKER_LOST_POLICY": "recover", "DELIVERY_TIMEOUT": "30", "REPUBLISH_LIMIT": "2",
+        "REJECT_UNKNOWN_TASKS": "", "METRICS_PORT": "9100", "METRICS_ADDR": "127.0.0.1",
+        "METRICS_TASK_LABELS": 0, "PRUNE_OLDER_THAN": "12h", "PRUNE_KEEP_LAST": "3",
+        "SUCCESS_DEADLINE": "90", "WEBHOOK_URL": "http://127.0.0.1:1/hook", "WEBHOOK_TIMEOUT": 2,
+        "WEBHOOK_RETRIES": "1",
     }
     assert set(configured) == set(DEFAULTS)
     with override_settings(**{f"SCHEDULING_{name}": value for name, value in configured.items()}):
         read = {name: getattr(conf, name.lower()) for name in DEFAULTS}
     assert {name: (type(value), value) for name, value in read.items()} == {
-        "REPLICA_ID": (str, "7"), "MAX_INTERVAL": (float, 2.0), "BATCH_SIZE": (int, 7),
-        "PREPARED_CLAIM": (bool, False), "DIRECT_DATABASE": (str, "direct"),
-        "MISFIRE_GRACE_SECONDS": (float, 30.0),
-        "RECONCILE_INTERVAL": (float, 5.0), "FULL_RECONCILE_INTERVAL": (float, 60.0),
-        "OVERLAP_STALE_SECONDS": (float, 120.0), "STATEMENT_TIMEOUT": (float, 1.0),
-        "IDLE_IN_TRANSACTION_TIMEOUT": (float, 2.0), "TCP_KEEPALIVES_IDLE": (int, 3),
-        "WORKER_LOST_AFTER": (float, 10.0), "WORKER_LOST_POLICY": (str, "recover"),
-        "DELIVERY_TIMEOUT": (float, 30.0), "REPUBLISH_LIMIT": (int, 2),
-        "RETRY_BACKOFF_MAX": (float, 1.0),
-        "BROKER_TIMEOUT": (float, 0.5), "REJECT_UNKNOWN_TASKS": (bool, False),
-        "HEARTBEAT_INTERVAL": (float, 1.0), "METRICS_PORT": (int, 9100),
-        "METRICS_ADDR": (str, "127.0.0.1"), "METRICS_TASK_LABELS": (bool, False),
+        "REPLICA_ID": (str, "7"), "PREPARED_CLAIM": (bool, False),
+        "DIRECT_DATABASE": (str, "direct"), "MISFIRE_GRACE_SECONDS": (float, 30.0),
+        "OVERLAP_STALE_SECONDS": (float, 120.0), "WORKER_LOST_AFTER": (float, 10.0),
+        "WORKER_LOST_POLICY": (str, "recover"), "DELIVERY_TIMEOUT": (float, 30.0),
+        "REPUBLISH_LIMIT": (int, 2), "REJECT_UNKNOWN_TASKS": (bool, False),
+        "METRICS_PORT": (int, 9100), "METRICS_ADDR": (str, "127.0.0.1"),
+        "METRICS_TASK_LABELS": (bool, False),
         "PRUNE_OLDER_THAN": (timedelta, timedelta(hours=12)), "PRUNE_KEEP_LAST": (int, 3),
-        "PRUNE_INTERVAL": (float, 60.0), "PRUNE_BATCH_SIZE": (int, 50),
-        "SUCCESS_DEADLINE": (float, 90.0), "OVERDUE_INTERVAL": (float, 0.5),
-        "WEBHOOK_URL": (str, "http://127.0.0.1:1/hook"), "WEBHOOK_TIMEOUT": (float, 2.0),
-        "WEBHOOK_RETRIES": (int, 1),
+        "SUCCESS_DEADLINE": (float, 90.0), "WEBHOOK_URL": (str, "http://127.0.0.1:1/hook"),
+        "WEBHOOK_TIMEOUT": (float, 2.0), "WEBHOOK_RETRIES": (int, 1),
     }
 
 
@@ -111,3 +102,32 @@ def test_the_worker_loss_policy_is_fail_or_recover():
     with override_settings(SCHEDULING_WORKER_LOST_POLICY="retry"):
         with pytest.raises(ValueError, match="must be 'fail' or 'recover', not 'retry'"):
             conf.worker_lost_policy
+
+
+def test_the_internal_cadences_are_constants_not_settings():
+    """Issue 34, point 4: the removed settings are module constants of scheduling.cadences,
+    with the values they had as settings, and none is a setting any more."""
+    assert {name: getattr(cadences, name) for name in INTERNAL} == {
+        "MAX_INTERVAL": 0.5, "BATCH_SIZE": 100, "RECONCILE_INTERVAL": 60.0,
+        "FULL_RECONCILE_INTERVAL": 3600.0, "STATEMENT_TIMEOUT": 5.0,
+        "IDLE_IN_TRANSACTION_TIMEOUT": 10.0, "TCP_KEEPALIVES_IDLE": 5, "RETRY_BACKOFF_MAX": 3.0,
+        "BROKER_TIMEOUT": 2.0, "HEARTBEAT_INTERVAL": 5.0, "PRUNE_INTERVAL": 3600.0,
+        "PRUNE_BATCH_SIZE": 500, "OVERDUE_INTERVAL": 1.0,
+    }
+    assert set(INTERNAL) & set(DEFAULTS) == set()
+    constants = {name for name in vars(cadences) if name.isupper()}
+    assert constants == set(INTERNAL)
+
+
+def test_a_removed_setting_gives_a_check_warning_naming_it():
+    with override_settings(SCHEDULING_RECONCILE_INTERVAL=5, SCHEDULING_BATCH_SIZE=10):
+        found = [(m.id, m.obj, m.msg) for m in check_internal_settings()]
+    assert found == [
+        ("scheduling.W003", "SCHEDULING_BATCH_SIZE",
+         "SCHEDULING_BATCH_SIZE is no longer a setting and is ignored: it is internal now "
+         "(scheduling.cadences.BATCH_SIZE = 100)."),
+        ("scheduling.W003", "SCHEDULING_RECONCILE_INTERVAL",
+         "SCHEDULING_RECONCILE_INTERVAL is no longer a setting and is ignored: it is internal "
+         "now (scheduling.cadences.RECONCILE_INTERVAL = 60.0)."),
+    ]
+    assert check_internal_settings() == []

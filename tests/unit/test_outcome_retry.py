@@ -10,12 +10,12 @@ import logging
 import pytest
 from django.db import OperationalError
 
-from scheduling import reach, worker
+from scheduling import database_reach, worker
 
 
 @pytest.fixture(autouse=True)
 def fresh_reach(monkeypatch):
-    monkeypatch.setattr(worker, "database", reach.DatabaseReach())
+    monkeypatch.setattr(worker, "database", database_reach.DatabaseReach())
     monkeypatch.setattr(worker, "retry_delay", lambda failures, cap: 0.01)
 
 

@@ -2,7 +2,7 @@
 
 A task with a success deadline (``TaskPolicy.success_deadline_seconds``, else
 ``SCHEDULING_SUCCESS_DEADLINE``) promises each scheduled run succeeds within that many seconds
-of its slot. Every ``SCHEDULING_OVERDUE_INTERVAL`` seconds each replica, after its tick and
+of its slot. Every ``cadences.OVERDUE_INTERVAL`` seconds each replica, after its tick and
 outside any claim transaction, marks the runs that broke the promise (``ledger.mark_overdue``:
 one bounded UPDATE; each run is returned to one replica only) and reports each once: a warning
 log line, ``signals.run_overdue`` (so the webhook), and the ``scheduling_runs_overdue_total``
@@ -17,7 +17,7 @@ import time
 
 from django.db import DatabaseError
 
-from scheduling import ledger, metrics, signals
+from scheduling import cadences, ledger, metrics, signals
 from scheduling.conf import conf
 from scheduling.health import CLOSED_WINDOW, overdue_tasks
 
@@ -28,7 +28,7 @@ class OverdueWatch:
     """One replica's overdue passes: ``step()`` after each tick, a pass per interval.
 
     The gauge is refreshed at the first pass, after a pass that marked runs, and at least every
-    ``SCHEDULING_HEARTBEAT_INTERVAL`` seconds. Errors are logged and the pass skipped; a database
+    ``cadences.HEARTBEAT_INTERVAL`` seconds. Errors are logged and the pass skipped; a database
     outage is the tick's to report, so it is logged at debug here.
     """
 
@@ -42,11 +42,11 @@ class OverdueWatch:
         now = time.monotonic()
         if now < self._next_pass:
             return []
-        self._next_pass = now + conf.overdue_interval
+        self._next_pass = now + cadences.OVERDUE_INTERVAL
         try:
-            found = ledger.mark_overdue(conf.success_deadline, conf.batch_size)
+            found = ledger.mark_overdue(conf.success_deadline, cadences.BATCH_SIZE)
             if found or now >= self._next_gauge:
-                self._next_gauge = now + conf.heartbeat_interval
+                self._next_gauge = now + cadences.HEARTBEAT_INTERVAL
                 metrics.observe_overdue_tasks(overdue_tasks(CLOSED_WINDOW.total_seconds()))
         except DatabaseError as exc:
             logger.debug("overdue pass skipped: %s", exc, extra={"action": "overdue_failed"})

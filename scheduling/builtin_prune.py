@@ -2,7 +2,7 @@
 
 The deleting itself is ``ledger.prune_plan`` / ``ledger.prune_batch``; ``manage.py
 scheduling_prune`` is the command. The built-in prune (``SCHEDULING_PRUNE_OLDER_THAN``, off by
-default) runs in every replica every ``SCHEDULING_PRUNE_INTERVAL`` seconds, one small batch per
+default) runs in every replica every ``cadences.PRUNE_INTERVAL`` seconds, one small batch per
 idle tick, never inside a claim transaction; on a replica that is never idle (a run due at every
 tick), one batch at most every tenth of its time (``BUSY_SHARE``), each sized to take about
 ``BUSY_BATCH_SECONDS``, so the ledger stays flat under steady load and no claim waits long for it.
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from scheduling import ledger
+from scheduling import cadences, ledger
 from scheduling.conf import conf
 
 logger = logging.getLogger(__name__)
@@ -28,8 +28,8 @@ BUSY_SHARE = 0.1
 
 #: How long a busy replica's batch aims to take, in seconds: the claim right after it waits that
 #: long. Each busy batch's size is the last one's scaled by this over the time it took, at most
-#: twice the last size, between ``SCHEDULING_PRUNE_BATCH_SIZE`` / 25 (at least 1) and
-#: ``SCHEDULING_PRUNE_BATCH_SIZE``. A fixed 500 took about 10 ms at 1,000 runs/s on two cores,
+#: twice the last size, between ``cadences.PRUNE_BATCH_SIZE`` / 25 (at least 1) and
+#: ``cadences.PRUNE_BATCH_SIZE``. A fixed 500 took about 10 ms at 1,000 runs/s on two cores,
 #: and the busy replica's lateness p99 was 1.37x that of no prune (the benchmark's day ledger).
 BUSY_BATCH_SECONDS = 0.002
 
@@ -37,8 +37,8 @@ BUSY_BATCH_SECONDS = 0.002
 class BuiltinPrune:
     """The scheduler's periodic prune: one batch per ``step()``, a pass per interval.
 
-    A pass plans (``ledger.prune_plan``) and then deletes ``SCHEDULING_PRUNE_BATCH_SIZE`` runs per
-    step until a batch comes back short; the next pass starts ``SCHEDULING_PRUNE_INTERVAL``
+    A pass plans (``ledger.prune_plan``) and then deletes ``cadences.PRUNE_BATCH_SIZE`` runs per
+    step until a batch comes back short; the next pass starts ``cadences.PRUNE_INTERVAL``
     seconds after this one started. Errors are logged and end the pass; dispatching goes on.
     ``clock`` gives monotonic seconds (``time.monotonic``).
     """
@@ -66,7 +66,7 @@ class BuiltinPrune:
             return
         if busy and now < self._rest_until:
             return
-        size = conf.prune_batch_size
+        size = cadences.PRUNE_BATCH_SIZE
         if busy:
             size = min(size, max(self._busy_size, size // 25, 1))
         planned = self._plan is None  # the batch's time then holds the plan's too
@@ -86,7 +86,7 @@ class BuiltinPrune:
         """
         try:
             if self._plan is None:
-                self._next_pass = now + conf.prune_interval  # a failing pass waits its turn too
+                self._next_pass = now + cadences.PRUNE_INTERVAL  # a failing pass waits its turn too
                 self._plan = ledger.prune_plan(older_than, conf.prune_keep_last)
                 self._after = 0
             counts, after = ledger.prune_batch(self._plan, self._after, size)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from celery import Celery
 from django_celery_beat.models import PeriodicTask
 
-from scheduling.messages import build_message
+from scheduling.run_message import build_message
 
 #: The database clock at the publish, and the clock of a replica an hour behind it.
 DATABASE_NOW = datetime(2026, 12, 1, 16, 0, 0, 250_000, tzinfo=UTC)
