@@ -200,7 +200,7 @@ def test_each_window_draws_the_exact_marks_and_fits(page, seeded):
     page.goto(f"{page.base}/admin/scheduling/schedulehealth/?window=24h")
     assert _row_cells(page, PROBE) == {
         "runs": "11", "succeeded": "4", "failed": "1", "expired": "1", "missed": "1",
-        "skipped": "1", "cancelled": "1", "running": "1", "pending": "1",
+        "skipped": "1", "cancelled": "1", "running": "1", "pending": "1", "buffered": "0",
         "p95": "2.080 s", "max": "2.500 s", "other": "1 · 1",
     }
     backfill = [m for m in _marks(page, PROBE) if m["lane"] == "other"]
