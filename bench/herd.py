@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from django_celery_beat.models import ClockedSchedule, CrontabSchedule, PeriodicTask
 
 from bench import data, scenarios
-from bench.env import Arrivals
+from bench.env import Arrivals, cpu_seconds
 from bench.profile import profiled
 from bench.report import Row, percentile
 from scheduling import ledger
@@ -65,8 +65,11 @@ class Outcome:
 
 
 def herd(bench) -> list[Row]:
-    """Rows of every size and kind; see the module's docstring."""
+    """Rows of every size and kind; see the module's docstring. ``BENCH_HERD_SIZES`` (comma-
+    separated task counts; development) replaces the sizes."""
     sizes = QUICK if bench.sizes == scenarios.QUICK else FULL
+    if os.environ.get("BENCH_HERD_SIZES"):
+        sizes = tuple(int(n) for n in os.environ["BENCH_HERD_SIZES"].split(","))
     rows = []
     for size in sizes:
         for kind in ("clocked", "crontab"):
@@ -100,7 +103,11 @@ def _one_herd(bench, kind: str, size: int) -> Outcome:
                   f" s before the instant; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         with profiled(bench.profile, f"herd-{kind}-{size}", pids):
             scenarios.sleep_until(at)
+            cpu = sum(map(cpu_seconds, pids))
             data.wait_claimed(at, timeout=120)
+            cpu = sum(map(cpu_seconds, pids)) - cpu
+        bench.log(f"  herd {kind} {size:,}: all claimed {(ledger.database_now() - at).total_seconds():.2f}"
+                  f" s after the instant (polled); the replicas' CPU meanwhile {cpu:.2f} s")
         runs = list(Run.objects.filter(periodic_task_id__in=tasks, scheduled_for=at)
                     .values_list("task_id", "due_at", "dispatched_at"))
         _wait_executed(deployment, {task_id for task_id, _, _ in runs}, size)
