@@ -91,7 +91,16 @@ class Conf:
         "request or a new task may wait for the replicas to look (two polls a second, each one "
         "short indexed query, cost an idle replica nothing that shows)."
     ))
-    batch_size = Setting(100, int, "Most runs one claim transaction dispatches.")
+    batch_size = Setting(100, int, (
+        "Most runs one claim transaction dispatches when the replica's claim before it was not "
+        "full (the usual case: fewer runs due than this)."
+    ))
+    herd_batch_size = Setting(800, int, (
+        "Most runs one claim dispatches in a herd: after a full claim a replica's next claim "
+        "takes twice as many, up to this (the round trips of a claim are paid per claim, and on "
+        "a busy machine each waits for a core); back to SCHEDULING_BATCH_SIZE after a claim "
+        "that was not full. At or below SCHEDULING_BATCH_SIZE: claims never grow."
+    ))
     prepared_claim = Setting(True, bool, (
         "Send the claim query as a server-side prepared statement (planned once per database "
         "session, not at every claim) where the connection keeps it: a direct connection, or a "

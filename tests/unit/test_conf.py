@@ -23,7 +23,8 @@ def _no_environment_fallbacks(monkeypatch):
 
 def test_every_setting_is_read_through_override_settings_and_converted():
     configured = {
-        "REPLICA_ID": 7, "MAX_INTERVAL": "2", "BATCH_SIZE": "7", "PREPARED_CLAIM": 0,
+        "REPLICA_ID": 7, "MAX_INTERVAL": "2", "BATCH_SIZE": "7", "HERD_BATCH_SIZE": "70",
+        "PREPARED_CLAIM": 0,
         "DIRECT_DATABASE": "direct",
         "MISFIRE_GRACE_SECONDS": 30, "RECONCILE_INTERVAL": "5", "FULL_RECONCILE_INTERVAL": 60,
         "OVERLAP_STALE_SECONDS": "120", "STATEMENT_TIMEOUT": 1, "IDLE_IN_TRANSACTION_TIMEOUT": 2,
@@ -40,6 +41,7 @@ def test_every_setting_is_read_through_override_settings_and_converted():
         read = {name: getattr(conf, name.lower()) for name in DEFAULTS}
     assert {name: (type(value), value) for name, value in read.items()} == {
         "REPLICA_ID": (str, "7"), "MAX_INTERVAL": (float, 2.0), "BATCH_SIZE": (int, 7),
+        "HERD_BATCH_SIZE": (int, 70),
         "PREPARED_CLAIM": (bool, False), "DIRECT_DATABASE": (str, "direct"),
         "MISFIRE_GRACE_SECONDS": (float, 30.0),
         "RECONCILE_INTERVAL": (float, 5.0), "FULL_RECONCILE_INTERVAL": (float, 60.0),
