@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
                         " sustained, mvcc_horizon, failover, guard_cost, day_ledger, history,"
                         " million, herd, correctness (day_ledger runs history too: it grows that ledger)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                        help="sample the replicas of burst, sustained and mvcc_horizon, and"
+                        help="sample the replicas of burst, sustained, mvcc_horizon and herd, and"
                         " guard_cost's worker pool processes, with py-spy"
                         " and write their profiles to DIR (development: bench/profile.py)")
     args = parser.parse_args(argv)
@@ -181,7 +181,26 @@ def _document(rows, plans, setting, command, duration, load_before, load_after) 
     ]
     for name, plan in plans.items():
         lines += [f"### {name}", "", "```", plan, "```", ""]
+    lines += _kept_sections()
     return "\n".join(lines)
+
+
+#: Sections of docs/benchmarks.md written by hand (figures of partial runs, before and after a
+#: change) that a full run carries over to the document it writes.
+KEPT = ("## Herd",)
+
+
+def _kept_sections() -> list[str]:
+    """The lines of each ``KEPT`` section of the current doc (to the next ``## `` heading)."""
+    if not DOC.exists():
+        return []
+    kept, keeping = [], False
+    for line in DOC.read_text().splitlines():
+        if line.startswith("## "):
+            keeping = line.strip() in KEPT
+        if keeping:
+            kept.append(line)
+    return kept
 
 
 if __name__ == "__main__":
