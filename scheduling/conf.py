@@ -95,7 +95,7 @@ class Conf:
         "Most runs one claim transaction dispatches when the replica's claim before it was not "
         "full (the usual case: fewer runs due than this)."
     ))
-    herd_batch_size = Setting(800, int, (
+    herd_batch_size = Setting(400, int, (
         "Most runs one claim dispatches in a herd: after a full claim a replica's next claim "
         "takes twice as many, up to this (the round trips of a claim are paid per claim, and on "
         "a busy machine each waits for a core); back to SCHEDULING_BATCH_SIZE after a claim "
