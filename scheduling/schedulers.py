@@ -91,7 +91,7 @@ class LedgerScheduler(DatabaseScheduler):
         self._settled = ledger.SettledChanges()
         self._book = ledger.TaskBook()  # settles what claims owe the task rows (last_run_at, ...)
         self._floor = ledger.DueFloor()  # where the poll and the claim start their scans
-        self._batch = conf.batch_size  # the next claim's size: it grows in a herd (_next_batch)
+        self._batch = conf.batch_size  # the next claim's size: it grows in a herd (next_batch_size)
         super().__init__(*args, **kwargs)
         self.max_interval = conf.max_interval
         pin_publish_settings(self.app)
@@ -194,7 +194,7 @@ class LedgerScheduler(DatabaseScheduler):
         with _stop_signals_deferred(), self._publish_batch() as buffered:
             started = time.monotonic()
             dispatched = self._claim(grace, buffered.flush)
-            self._batch = _next_batch(self._batch, len(dispatched))
+            self._batch = next_batch_size(self._batch, len(dispatched))
             if dispatched and self._failures and self._failing == "broker":
                 self._recovered()  # published and committed: the broker took them
         self.heartbeat.claimed(len(dispatched))
@@ -416,7 +416,7 @@ class LedgerScheduler(DatabaseScheduler):
         return f"    . replica -> {self.replica_id}\n    . run ledger -> scheduling.models.Run"
 
 
-def _next_batch(size: int, claimed: int) -> int:
+def next_batch_size(size: int, claimed: int) -> int:
     """The size of a replica's next claim after one of ``size`` that claimed ``claimed`` runs.
 
     A full claim means a herd (more runs due at once than one claim takes): the next takes twice

@@ -140,15 +140,15 @@ def test_each_flush_of_a_claim_holds_twice_as_many_runs_as_the_one_before(make_t
 
 
 def test_a_replicas_claims_grow_in_a_herd_and_shrink_after_it():
-    from scheduling.schedulers import _next_batch
+    from scheduling.schedulers import next_batch_size
 
     with override_settings(SCHEDULING_BATCH_SIZE=10, SCHEDULING_HERD_BATCH_SIZE=35):
         sizes = [10]
         for claimed in (10, 20, 35, 35, 7):  # full, full, full, full, then not full
-            sizes.append(_next_batch(sizes[-1], claimed))
+            sizes.append(next_batch_size(sizes[-1], claimed))
     assert sizes == [10, 20, 35, 35, 35, 10]
     with override_settings(SCHEDULING_BATCH_SIZE=10, SCHEDULING_HERD_BATCH_SIZE=5):
-        assert _next_batch(10, 10) == 10  # a herd size under the batch size: claims never grow
+        assert next_batch_size(10, 10) == 10  # a herd size under the batch size: claims never grow
 
 
 def test_the_claim_flushes_every_16_runs_and_records_each_runs_flush_time(make_task, recorder):
