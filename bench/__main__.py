@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated scenarios to run (development; writes no doc"
                         " unless --output is given): idle, burst, memory, lateness_and_storm,"
                         " sustained, mvcc_horizon, failover, guard_cost, day_ledger, history,"
-                        " million, correctness (day_ledger runs history too: it grows that ledger)")
+                        " million, herd, correctness (day_ledger runs history too: it grows that ledger)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                        help="sample the replicas of burst, sustained and mvcc_horizon, and"
+                        help="sample the replicas of burst, sustained, mvcc_horizon and herd, and"
                         " guard_cost's worker pool processes, with py-spy"
                         " and write their profiles to DIR (development: bench/profile.py)")
     args = parser.parse_args(argv)
@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from bench import scale, scenarios
         from bench.guard_cost import guard_cost
+        from bench.herd import herd
         from bench.sustained import mvcc_horizon, sustained
 
         logging.getLogger("scheduling").setLevel(logging.WARNING)  # this process's own planning
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
             for step in (scenarios.idle, scenarios.burst, scenarios.memory,
                          scenarios.lateness_and_storm, sustained, mvcc_horizon, scenarios.failover,
-                         guard_cost, scale.day_ledger, scale.million):
+                         guard_cost, herd, scale.day_ledger, scale.million):
                 if wanted(step.__name__):
                     rows += attempt(step.__name__, lambda step=step: step(bench))
             # After day_ledger, whose prune would delete the historical runs; after million,
@@ -180,7 +181,26 @@ def _document(rows, plans, setting, command, duration, load_before, load_after) 
     ]
     for name, plan in plans.items():
         lines += [f"### {name}", "", "```", plan, "```", ""]
+    lines += _kept_sections()
     return "\n".join(lines)
+
+
+#: Sections of docs/benchmarks.md written by hand (figures of partial runs, before and after a
+#: change) that a full run carries over to the document it writes.
+KEPT = ("## Herd",)
+
+
+def _kept_sections() -> list[str]:
+    """The lines of each ``KEPT`` section of the current doc (to the next ``## `` heading)."""
+    if not DOC.exists():
+        return []
+    kept, keeping = [], False
+    for line in DOC.read_text().splitlines():
+        if line.startswith("## "):
+            keeping = line.strip() in KEPT
+        if keeping:
+            kept.append(line)
+    return kept
 
 
 if __name__ == "__main__":

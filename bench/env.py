@@ -139,10 +139,14 @@ class Arrivals:
     transport it reads the new message rows every 20 ms (the table keeps no insert time), so the
     time is the arrival at the broker to within one poll. Other brokers: none (the cross-check is
     then left out).
+
+    ``relay`` (Redis only): a queue the popped messages are pushed on to, unchanged and in their
+    order, for workers consuming it (``bench.herd``): the arrival is timed and the runs still
+    execute.
     """
 
-    def __init__(self, broker: Broker, queue: str) -> None:
-        self.broker, self.queue = broker, queue
+    def __init__(self, broker: Broker, queue: str, relay: str | None = None) -> None:
+        self.broker, self.queue, self.relay = broker, queue, relay
         self.times: dict[str, list[float]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -171,6 +175,8 @@ class Arrivals:
             payloads = [item[1], *(client.rpop(self.queue, 1000) or [])]  # what else is there
             for payload in payloads:
                 self._seen(payload, at)
+            if self.relay is not None:
+                client.lpush(self.relay, *payloads)
 
     def _read(self) -> None:
         dsn = self.broker.url.split("+", 1)[1].replace("postgresql+psycopg://", "postgresql://")

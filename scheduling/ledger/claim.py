@@ -47,8 +47,10 @@ from scheduling.run_message import Message, build_message
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[Message], None]
-#: Published runs a claim lets a buffering publisher hold before it flushes: one Redis round trip
-#: per this many messages, and no message waits for the whole batch to be built.
+#: Published runs a claim lets a buffering publisher hold before its first flush: the first runs
+#: reach the broker after one round trip, and no message waits for the whole batch to be built.
+#: Each later flush holds twice as many as the one before (16, 32, 64, ...): a claim of n runs
+#: makes about log2(n / 16) round trips to the broker, not n / 16.
 FLUSH_EVERY = 16
 #: The run fields a claim writes back.
 _CLAIM_FIELDS = (
@@ -91,7 +93,8 @@ def claim_and_dispatch(
     sent (the run is recorded failed and the others go on) and lets broker errors propagate, which
     rolls the whole claim back so nothing is marked dispatched unless its publish succeeded.
     ``flush()``, when given, sends what a buffering publisher holds (kombu's ``Producer.batch``:
-    one Redis pipeline); it is called after every FLUSH_EVERY published runs and after the last,
+    one Redis pipeline); it is called after the first FLUSH_EVERY published runs, then after
+    twice as many as the flush before held each time, and after the last,
     before the ledger writes, and each run's ``dispatched_at`` is the moment its flush returned,
     so lateness is measured to the broker. Its errors roll the claim back like a publish error.
     ``book``, when given, is owed the ``last_run_at``/``total_run_count`` of the dispatched
@@ -156,6 +159,7 @@ class _Batch:
         self.waiting: set[int] = set()  # tasks with a run buffered in this claim
         self.unplanned: set[int] = set()
         self.unsent: list[ClaimedRun] = []
+        self.flush_at = FLUSH_EVERY  # runs the next flush holds: doubled after each
 
     def now(self) -> datetime:
         """The database clock now: the claim's reading plus the time spent since (aware UTC)."""
@@ -248,8 +252,9 @@ class _Batch:
         run.status = Run.Status.DISPATCHED
         run.dispatched_at = now
         self.unsent.append(run)
-        if len(self.unsent) >= FLUSH_EVERY:
+        if len(self.unsent) >= self.flush_at:
             self.send()
+            self.flush_at *= 2
         self.busy.add(task.pk)
 
     def record_missed(self, run: ClaimedRun, decision: Decision, now: datetime) -> None:

@@ -58,6 +58,14 @@ EXPECTED_ROWS = [
     ("worker, no-op task, 200 runs, concurrency 2", "executions per second: guarded / guard left"),
     ("worker, no-op task, 200 runs, concurrency 2", "executions per second: guarded vs plain"),
     ("worker, no-op task, 200 runs, concurrency 2", "the server's commit ceiling"),
+    ("herd, 100 clocked one-offs, 3 replicas, 2 guarded workers", "every run once: dispatched"),
+    ("herd, 100 clocked one-offs, 3 replicas, 2 guarded workers", "lateness median / p99 / max at the ledger"),
+    ("herd, 100 clocked one-offs, 3 replicas, 2 guarded workers", "lateness median / p99 / max at the broker"),
+    ("herd, 100 crontab tasks, one minute, 3 replicas, 2 guarded workers", "every run once: dispatched"),
+    ("herd, 100 crontab tasks, one minute, 3 replicas, 2 guarded workers",
+     "lateness median / p99 / max at the ledger"),
+    ("herd, 100 crontab tasks, one minute, 3 replicas, 2 guarded workers",
+     "lateness median / p99 / max at the broker"),
     ("day's ledger, 50 runs/s, 2 replicas, 4 s windows, prune older than 1 s",
      "ledger size, prune on: window start -> end"),
     ("day's ledger, 50 runs/s, 2 replicas, 4 s windows, prune older than 1 s",
@@ -121,6 +129,9 @@ OURS = {
     "dead tuples": rf"^{NUMBER}$",
     "slots dispatched": rf"^{NUMBER} of {NUMBER} \({NUMBER} runs/s\); {NUMBER} coalesced or not"
     " dispatched$",
+    "every run once: dispatched": rf"^{NUMBER} / ({NUMBER} arrived, \d+ extra copies|n/a for this"
+    rf" broker) / {NUMBER} executed, \d+ twice$",
+    "lateness median / p99 / max at the": rf"^{NUMBER} / {NUMBER} / {NUMBER} s$",
     # Acceptance 1 of issue 17: ours loses no run and executes none twice under either fault.
     "duplicate executions": r"^0$",
     "lost runs": r"^0$",
@@ -160,6 +171,9 @@ def test_quick_mode_prints_every_scenario_with_well_formed_figures():
         assert re.match(rf"^{NUMBER}$", row[3]), row
         for cell in row[4:7]:
             assert re.match(rf"^({NUMBER}|n/a \(no Redis\))$", cell), row
+    for row in rows:  # the herd: every run once (issue 35, point 2)
+        if row[0].startswith("herd") and row[1].startswith("every run once"):
+            assert row[10] == "met", row
     memory = next(row for row in rows if row[0].startswith("memory"))
     assert re.match(rf"^{NUMBER} MB \(peak {NUMBER} MB\)$", memory[3])
     assert re.search(r"^\d+ rows, \d+ targets not met; \d+ s; load average before ", result.stdout,

@@ -125,7 +125,35 @@ def test_on_redis_a_claims_messages_reach_the_broker_at_the_flush(make_task):
     assert waiting == ([0, 3] if kombu_batches_publishes() else [3, 3])
 
 
-def test_the_claim_flushes_every_16_runs_and_records_each_runs_flush_time(make_task, recorder):
+def test_each_flush_of_a_claim_holds_twice_as_many_runs_as_the_one_before(make_task, recorder):
+    tasks = [make_task(every=3600, name=f"doubling-{i}") for i in range(60)]
+    for task in tasks:
+        make_due(task)
+    published_at_flush: list[int] = []
+    ledger.claim_and_dispatch(
+        recorder, replica_id="test:1", batch_size=100, grace=GRACE,
+        flush=lambda: published_at_flush.append(len(recorder.messages)),
+    )
+    # 16, then 32 more, then the last 12: three round trips to the broker, not four.
+    assert published_at_flush == [16, 48, 60]
+    assert len(set(recorder.task_ids)) == 60
+
+
+def test_a_replicas_claims_grow_in_a_herd_and_shrink_after_it(monkeypatch):
+    from scheduling import cadences
+    from scheduling.schedulers import next_batch_size
+
+    monkeypatch.setattr(cadences, "BATCH_SIZE", 10)
+    monkeypatch.setattr(cadences, "HERD_BATCH_SIZE", 35)
+    sizes = [10]
+    for claimed in (10, 20, 35, 35, 7):  # full, full, full, full, then not full
+        sizes.append(next_batch_size(sizes[-1], claimed))
+    assert sizes == [10, 20, 35, 35, 35, 10]
+    monkeypatch.setattr(cadences, "HERD_BATCH_SIZE", 5)
+    assert next_batch_size(10, 10) == 10  # a herd size under the batch size: claims never grow
+
+
+def test_the_claim_flushes_after_16_runs_then_doubles_and_records_each_runs_flush_time(make_task, recorder):
     tasks = [make_task(every=3600, name=f"flushed-{i}") for i in range(20)]
     for task in tasks:
         make_due(task)
