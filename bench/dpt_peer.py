@@ -18,6 +18,7 @@ Interpreter: BENCH_DPT_PYTHON, else pyenv's newest 3.13, else ``python3.13`` on 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -64,17 +65,23 @@ def python() -> str:
     wanted = REQUIREMENTS.read_text()
     if binary.exists() and stamp.exists() and stamp.read_text() == wanted:
         return str(binary)
-    if not binary.exists():
-        subprocess.run([interpreter(), "-m", "venv", str(VENV)], check=True)
-    subprocess.run([str(binary), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "-r", str(REQUIREMENTS)], check=True, capture_output=True, text=True)
-    stamp.write_text(wanted)
+    # One maker at a time (two test processes of one run may both find it missing).
+    with open(ROOT / ".venv-dpt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (binary.exists() and stamp.exists() and stamp.read_text() == wanted):
+            if not binary.exists():
+                subprocess.run([interpreter(), "-m", "venv", str(VENV)], check=True)
+            subprocess.run([str(binary), "-m", "pip", "install", "--quiet",
+                            "--disable-pip-version-check", "-r", str(REQUIREMENTS)],
+                           check=True, capture_output=True, text=True)
+            stamp.write_text(wanted)
     return str(binary)
 
 
 def _django(database_url: str, *args: str) -> None:
     env = {**os.environ, "DATABASE_URL": database_url, "DJANGO_SETTINGS_MODULE": SETTINGS}
-    result = subprocess.run([python(), *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    result = subprocess.run([python(), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                            check=False)
     if result.returncode:
         raise RuntimeError(f"django-periodic-tasks: {' '.join(args)} failed:\n{result.stderr}")
 

@@ -10,7 +10,7 @@ import os
 
 import dj_database_url
 
-SECRET_KEY = "bench-dpt"  # noqa: S105 - no secret: nothing is signed
+SECRET_KEY = "bench-dpt"  # no secret: nothing is signed
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
