@@ -9,7 +9,12 @@ broker, running interval tasks that call ``project.tasks.record``:
 - RedBeat, as its documentation says: one active beat holding its Redis lock and a standby
   waiting for it, with the default lock timeout (1,500 s) and with a tuned one;
 - Redlock per container: the seed's system (``bench.redlock_beat``, a baseline): 3 stock beats,
-  each run sent only by the beat that takes its Redis lock (TTL half the interval).
+  each run sent only by the beat that takes its Redis lock (TTL half the interval);
+- django-periodic-tasks (``bench.dpt_peer``): 3 ``run_scheduler`` processes (SKIP LOCKED claim
+  per tick) and django-tasks-db's ``db_worker``, its task behind ``@exactly_once``, in a
+  virtualenv of its own (Python 3.13, Django 6.0). Its schedule is cron, so the slots are the
+  multiples of the interval: the anchor below is one. Its runs are placed at the time they were
+  enqueued (the worker logs it beside the execution's): its worker polls once a second.
 
 Two faults, one after the other, each counted over its own window: SIGSTOP of the busiest
 scheduler for longer than a TTL, then SIGCONT; then SIGKILL of the busiest scheduler. From the
@@ -20,7 +25,8 @@ only to find our busiest replica and to explain a count that is not zero. How ea
 deployed: ``bench.peers``.
 
 ours, stock and Redlock read the same periodic task table, so ours runs beside the two RedBeat
-deployments (their schedule lives in Redis), then stock beside Redlock, on tasks of their own;
+deployments (their schedule lives in Redis), then stock beside Redlock and django-periodic-tasks
+(its own tables), on tasks of their own;
 the periodic tasks of the earlier scenarios are disabled first (this scenario runs last).
 """
 
@@ -37,7 +43,7 @@ from datetime import UTC, datetime
 from django.db.models import Count
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
-from bench import counts
+from bench import counts, dpt_peer
 from bench.counts import Counts
 from bench.peers import (
     FULL,
@@ -70,10 +76,10 @@ def correctness(bench) -> list[Row]:
     PeriodicTasks.update_changed()
     results: dict[str, dict[str, Counts]] = {}
     run_id = uuid.uuid4().hex[:8]
-    slices = [["ours", "redbeat", "redbeat_tuned"], ["stock", "redlock"]]
+    slices = [["ours", "redbeat", "redbeat_tuned"], ["stock", "redlock", "dpt"]]
     for keys in slices:
         if redis_url is None:
-            keys = [k for k in keys if k in ("ours", "stock")]
+            keys = [k for k in keys if k in ("ours", "stock", "dpt")]
         peers = [make_peer(bench, key, f, redis_url, run_id) for key in keys]
         try:
             results.update(_run_slice(bench, peers, f, redis_url, run_id))
@@ -81,6 +87,8 @@ def correctness(bench) -> list[Row]:
             for peer in peers:
                 peer.deployment.stop()
                 bench.broker.delete(peer.deployment.queue)
+                if peer.kind == "dpt":
+                    dpt_peer.disable_tasks(peer.deployment.env["DATABASE_URL"], peer.prefix)
             if redis_url is not None:  # RedBeat's schedules and locks, the Redlock keys
                 forget_redis_keys(redis_url, f"bench-{run_id}-")
             PeriodicTask.objects.filter(enabled=True).update(enabled=False)
@@ -94,7 +102,7 @@ def _run_slice(bench, peers: list[Peer], f: Faults, redis_url: str | None,
     for peer in peers:
         if peer.kind == "redbeat":
             redbeat_entries(peer, f, redis_url)
-        peer.deployment.start_worker("worker", concurrency=2)
+        peer.start_worker()
     for peer in peers:
         peer.start()
     for peer in peers:
@@ -104,9 +112,13 @@ def _run_slice(bench, peers: list[Peer], f: Faults, redis_url: str | None,
     for peer in peers:
         peer.deployment.wait_ready(timeout=180)
     # Tasks created now, first slot LEAD s ahead: stock beat sees new tasks within its 5 s tick.
-    anchor = time.time() + LEAD
-    for prefix in dict.fromkeys(p.prefix for p in peers if p.kind != "redbeat"):
+    anchor = math.ceil((time.time() + LEAD) / every) * every  # a slot of cron's (see above)
+    for prefix in dict.fromkeys(p.prefix for p in peers if p.kind not in ("redbeat", "dpt")):
         database_tasks(prefix, f, anchor, stock=not prefix.startswith("fault-ours"))
+    for peer in peers:
+        if peer.kind == "dpt":
+            dpt_peer.create_tasks(peer.deployment.env["DATABASE_URL"], peer.prefix, f.tasks, every,
+                                  anchor)
     tell_stock_beats(until=anchor - 1)
     _sleep_until(anchor + f.warm_slots * every)
     _wait_for_first_runs(peers, f)  # a loaded machine may start a peer's sending late
@@ -156,7 +168,10 @@ def _run_slice(bench, peers: list[Peer], f: Faults, redis_url: str | None,
     horizon = time.time()
     for peer in peers:
         queue = peer.deployment.queue
-        wait_for_worker(peer.deployment, lambda q=queue: bench.broker.count(q))
+        if peer.kind == "dpt":
+            wait_for_worker(peer.deployment, dpt_peer.waiting)
+        else:
+            wait_for_worker(peer.deployment, lambda q=queue: bench.broker.count(q))
         if peer.kind == "ours":  # and every run it dispatched has finished (bounded)
             wait_for_worker(peer.deployment, lambda p=peer.prefix: _unfinished(p))
     bench.log(f"  correctness windows (epoch s): {windows}")
@@ -229,8 +244,9 @@ def _count(
                 expected = list(slots.slots_between(tasks[label], since, until))
                 total += counts.by_slot(executed, expected)
         else:
+            at = "enqueued_at" if peer.kind == "dpt" else "at"
             for label in labels:
-                times = [float(r["at"]) for r in by_label[label]]
+                times = [float(r[at]) for r in by_label[label]]
                 total += counts.by_time(times, f.every, start, end, horizon)
         result[fault] = total
         if peer.kind == "ours" and (total.duplicates or total.lost):
@@ -269,6 +285,6 @@ def _rows(f: Faults, results: dict[str, dict[str, Counts]], redis: bool) -> list
             rows.append(Row(
                 scenario, f"{measure} (worker's log)", cells["ours"], stock=cells["stock"],
                 redbeat=cells["redbeat"], redbeat_tuned=cells["redbeat_tuned"],
-                redlock=cells["redlock"], target="0", met=value == 0,
+                redlock=cells["redlock"], dpt=cells["dpt"], target="0", met=value == 0,
             ))
     return rows

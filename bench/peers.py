@@ -1,6 +1,7 @@
 """The peers of the correctness scenario: how each one is deployed, fed its tasks and watched.
 
-``Peer`` is one system under test (ours, stock, RedBeat, the Redlock baseline): a deployment of
+``Peer`` is one system under test (ours, stock, RedBeat, the Redlock baseline, django-periodic-tasks
+in its own virtualenv: ``bench.dpt_peer``): a deployment of
 its own (queue, worker, execution log) and its beats; ``make_peer`` builds each as its
 documentation runs it; ``database_tasks`` and ``redbeat_entries`` give it interval tasks;
 ``wait_for_worker`` waits until its worker has executed what was sent. ``bench.correctness``
@@ -17,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from django.db.models import Count
 from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
 
+from bench import dpt_peer
 from scheduling.models import Run
 from tests.acceptance.deployment import Deployment
 
@@ -25,7 +27,8 @@ STOCK = "django_celery_beat.schedulers:DatabaseScheduler"
 REDLOCK = "bench.redlock_beat:RedlockScheduler"
 REDBEAT = "redbeat.RedBeatScheduler"
 #: The mark each scheduler logs per message it sends, to find the busiest one.
-SENT = {"redlock": "redlock: sent ", "stock": "Sending due task", "redbeat": "Sending due task"}
+SENT = {"redlock": "redlock: sent ", "stock": "Sending due task", "redbeat": "Sending due task",
+        "dpt": dpt_peer.SENT}
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ FULL = Faults(tasks=20, every=5, warm_slots=2, pause=30, after_slots=4, observe=
               redbeat_tuned=30)
 QUICK = Faults(tasks=10, every=3, warm_slots=1, pause=9, after_slots=2, observe=12,
                redbeat_tuned=5)
-PEERS = ("ours", "stock", "redbeat", "redbeat_tuned", "redlock")
+PEERS = ("ours", "stock", "redbeat", "redbeat_tuned", "redlock", "dpt")
 #: Seconds from creating the database peers' tasks to their first slot: stock beat reloads its
 #: schedule at its next tick (at most 5 s) and the reload itself takes seconds on a busy machine.
 LEAD = 10.0
@@ -56,7 +59,7 @@ class Peer:
     """One system under test: its deployment, beat names and how it tells what it sent."""
 
     column: str  # one of PEERS
-    kind: str  # ours, stock, redbeat, redlock
+    kind: str  # ours, stock, redbeat, redlock, dpt
     prefix: str  # of its tasks' names
     deployment: Deployment
     beats: list[str]
@@ -72,8 +75,17 @@ class Peer:
                 continue
             if self.kind == "ours":
                 self.deployment.start_beat(name)
+            elif self.kind == "dpt":
+                dpt_peer.start_scheduler(self.deployment, name)
             else:
                 self.deployment.start_beat(name, scheduler=self.scheduler, **self.env)
+
+    def start_worker(self) -> None:
+        """Start the peer's worker: Celery's (concurrency 2), or django-tasks-db's db_worker."""
+        if self.kind == "dpt":
+            dpt_peer.start_worker(self.deployment)
+        else:
+            self.deployment.start_worker("worker", concurrency=2)
 
     def restart_exited(self) -> dict[str, int]:
         """Start again each beat that exited (a container's restart policy).
@@ -127,6 +139,9 @@ def make_peer(bench, key: str, f: Faults, redis_url: str | None, run_id: str) ->
                     ["replica-1", "replica-2", "replica-3"])
     if key == "stock":
         return Peer(key, "stock", f"fault-db-{run_id}", deployment, containers, STOCK)
+    if key == "dpt":
+        dpt_peer.migrate(deployment.env["DATABASE_URL"])
+        return Peer(key, "dpt", prefix, deployment, containers)
     if key == "redlock":
         env = {"BENCH_REDLOCK_URL": redis_url, "BENCH_REDLOCK_TTL": str(f.every / 2),
                "BENCH_REDLOCK_PREFIX": prefix}

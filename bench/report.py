@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 COLUMNS = ("scenario", "measure", "ours", "stock", "redbeat (lock 1,500 s)", "redbeat (tuned lock)",
-           "redlock per container", "raw publish", "ratio", "target", "met")
+           "redlock per container", "django-periodic-tasks", "raw publish", "ratio", "target",
+           "met")
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Row:
     redbeat: str = ""
     redbeat_tuned: str = ""
     redlock: str = ""
+    dpt: str = ""  # django-periodic-tasks (bench.dpt_peer)
     raw: str = ""
     ratio: str = ""
     target: str = ""
@@ -35,7 +37,7 @@ class Row:
 
     def cells(self) -> list[str]:
         met = {True: "met", False: "NOT MET", None: ""}[self.met]
-        peers = [self.stock, self.redbeat, self.redbeat_tuned, self.redlock, self.raw]
+        peers = [self.stock, self.redbeat, self.redbeat_tuned, self.redlock, self.dpt, self.raw]
         return [self.scenario, self.measure, self.ours, *(cell or "-" for cell in peers),
                 self.ratio or "-", self.target or "-", met or "-"]
 

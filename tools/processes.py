@@ -55,7 +55,8 @@ class Processes:
         }
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.kinds: dict[str, str] = {}
-        self._args: dict[str, tuple[list[str], dict[str, str]]] = {}
+        self._args: dict[str, tuple[list[str], dict[str, str], list[str]]] = {}
+        self.ready: dict[str, str] = {}  # the ready line of each process ``start_command`` started
         self.paused: set[str] = set()
         #: A command prefix per process name, set before it starts: ``["ip", "netns", "exec",
         #: NAME]`` runs it in a network namespace (the prefix must exec the command, so the
@@ -65,11 +66,16 @@ class Processes:
     def log_path(self, name: str) -> Path:
         return self.workdir / f"{name}.log"
 
-    def _start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        self._args[name] = (args, env)
+    def _start(
+        self, name: str, args: list[str], env: dict[str, str], program: list[str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``program`` (default: this Python's ``celery -A <app>``) with ``args``."""
+        if program is None:
+            program = [sys.executable, "-m", "celery", "-A", self.app]
+        self._args[name] = (args, env, program)
         with open(self.log_path(name), "ab") as handle:
             process = subprocess.Popen(
-                [*self.prefixes.get(name, ()), sys.executable, "-m", "celery", "-A", self.app, *args],
+                [*self.prefixes.get(name, ()), *program, *args],
                 cwd=self.cwd,
                 env={**self.env, **env},
                 stdin=subprocess.DEVNULL,
@@ -80,6 +86,15 @@ class Processes:
         self.processes[name] = process
         self.paused.discard(name)
         return process
+
+    def start_command(self, name: str, command: list[str], ready: str,
+                      **env: str) -> subprocess.Popen[bytes]:
+        """Start ``command`` (a whole argv, not Celery's) as ``name``, in ``cwd`` with the
+        deployment's environment and ``env``; ``ready`` is the line it logs once up
+        (``wait_ready``). It is stopped as a beat is: SIGTERM to its process group."""
+        self.kinds[name] = "command"
+        self.ready[name] = ready
+        return self._start(name, command, env, program=[])
 
     def start_beat(
         self, name: str, *, scheduler: str = LEDGER_SCHEDULER, **env: str
@@ -110,8 +125,8 @@ class Processes:
 
     def restart(self, name: str) -> subprocess.Popen[bytes]:
         """Start ``name`` again with the arguments it was first started with (it must be dead)."""
-        args, env = self._args[name]
-        return self._start(name, args, env)
+        args, env, program = self._args[name]
+        return self._start(name, args, env, program)
 
     def alive(self, name: str) -> bool:
         return self.processes[name].poll() is None
@@ -135,7 +150,8 @@ class Processes:
     def wait_ready(self, *names: str, timeout: float = 60.0) -> None:
         """Wait until every named process (all when none is named) has logged its ready line."""
         for name in names or tuple(self.processes):
-            self.wait_for_log(name, READY[self.kinds.get(name, "worker")], timeout=timeout)
+            text = self.ready.get(name) or READY[self.kinds.get(name, "worker")]
+            self.wait_for_log(name, text, timeout=timeout)
 
     def send(self, name: str, sig: int) -> None:
         """Send ``sig`` to ``name``'s whole process group (a worker's pool processes too)."""

@@ -90,7 +90,8 @@ EXPECTED_ROWS = [
     ("correctness: SIGKILL of the busiest scheduler", "lost runs (worker's log)"),
 ]
 #: The peers' columns, after ours.
-PEERS = ["stock", "redbeat (lock 1,500 s)", "redbeat (tuned lock)", "redlock per container"]
+PEERS = ["stock", "redbeat (lock 1,500 s)", "redbeat (tuned lock)", "redlock per container",
+         "django-periodic-tasks"]
 NUMBER = r"\d[\d,]*(\.\d+)?"
 #: What the "ours" cell of each kind of row looks like.
 OURS = {
@@ -154,21 +155,22 @@ def test_quick_mode_prints_every_scenario_with_well_formed_figures():
         assert row[0].startswith(scenario) and row[1].startswith(measure), row
         pattern = next(p for key, p in OURS.items() if row[1].startswith(key))
         assert re.match(pattern, row[2]), row
-        assert row[10] in ({"met", "NOT MET"} if row[9] != "-" else {"-"}), row
-        if row[8] != "-":
-            assert re.search(NUMBER + "x", row[8]), row
+        assert row[11] in ({"met", "NOT MET"} if row[10] != "-" else {"-"}), row
+        if row[9] != "-":
+            assert re.search(NUMBER + "x", row[9]), row
     burst_vs = {row[1]: row for row in rows if row[0].startswith("burst")}
     assert re.match(
         rf"^kombu {NUMBER} s \({NUMBER}/s\); Celery send_task, no ledger {NUMBER} s \({NUMBER}/s\)$",
-        burst_vs["3 replicas vs raw kombu publish"][7],
+        burst_vs["3 replicas vs raw kombu publish"][8],
     )
     assert re.match(rf"^(>= )?{NUMBER} s", burst_vs["3 replicas vs 1 stock DatabaseScheduler"][3])
     cpu = burst_vs["CPU per 1,000 runs: 3 replicas (+ PostgreSQL) vs raw kombu"]
     assert re.match(rf"^{NUMBER} CPU s \(its beat\)$", cpu[3]), cpu
-    assert re.match(rf"^kombu {NUMBER} CPU s; Celery send_task, no ledger {NUMBER} CPU s$", cpu[7]), cpu
+    assert re.match(rf"^kombu {NUMBER} CPU s; Celery send_task, no ledger {NUMBER} CPU s$", cpu[8]), cpu
     for row in rows[-4:]:  # correctness: every peer counted (RedBeat and Redlock need Redis)
-        assert row[9] == "0" and row[10] == "met", row
+        assert row[10] == "0" and row[11] == "met", row
         assert re.match(rf"^{NUMBER}$", row[3]), row
+        assert re.match(rf"^{NUMBER}$", row[7]), row  # django-periodic-tasks: no Redis needed
         for cell in row[4:7]:
             assert re.match(rf"^({NUMBER}|n/a \(no Redis\))$", cell), row
     for row in rows:  # the herd: every run once (issue 35, point 2)
