@@ -113,14 +113,19 @@ class RunAdmin(ReadOnlyAdmin):
         return _seconds(run.runtime)
 
 
-def _raw_moment(name: str, label: str) -> Any:
+def _raw_moment(name: str) -> Any:
     """A raw datetime column shown as the story shows it: UTC to the millisecond (Django's
-    default format stops at the minute)."""
+    default format stops at the minute), with the column's help text under it, as Django shows
+    a model field's."""
+    field = Run._meta.get_field(name)
 
-    @admin.display(description=f"{label} (UTC)", ordering=name)
+    @admin.display(description=f"{field.verbose_name} (UTC)", ordering=name)
     def show(self: RunAdmin, run: Run) -> str:
         value = getattr(run, name)
-        return "-" if value is None else _utc_ms(value)
+        shown = "-" if value is None else _utc_ms(value)
+        if not field.help_text:
+            return shown
+        return format_html('{}<div class="help">{}</div>', shown, field.help_text)
 
     return show
 
@@ -131,4 +136,4 @@ RAW_MOMENTS = {
     for field in Run._meta.fields if field.get_internal_type() == "DateTimeField"
 }
 for _name, _method in RAW_MOMENTS.items():
-    setattr(RunAdmin, _method, _raw_moment(_name, str(Run._meta.get_field(_name).verbose_name)))
+    setattr(RunAdmin, _method, _raw_moment(_name))

@@ -87,7 +87,7 @@ def test_the_run_page_gives_its_figures_and_error_before_the_raw_fields(page):
 
 def test_the_raw_fields_show_their_moments_to_the_millisecond_in_utc(page):
     raw = page[page.index("Raw fields"):]
-    shown = dict(re.findall(r"<label>([^<]*) \(UTC\):</label>\s*<div class=\"readonly\">([^<]*)</div>",
+    shown = dict(re.findall(r"<label>([^<]*) \(UTC\):</label>\s*<div class=\"readonly\">([^<]*)<",
                             raw))
     assert {label: shown[label] for label in ("Dispatched at", "Started at", "Finished at",
                                               "Republished at", "Overdue at")} == {
@@ -95,6 +95,8 @@ def test_the_raw_fields_show_their_moments_to_the_millisecond_in_utc(page):
         "Finished at": "2026-07-06 07:05:03.801", "Republished at": "2026-07-06 07:05:01.262",
         "Overdue at": "-",
     }
+    assert ('2026-07-06 07:00:00.000<div class="help">Nominal instant of the run (UTC).</div>'
+            in raw)  # the column's help text under it, as for every other raw field
 
 
 def test_a_backfill_run_s_lateness_is_not_measured(client, make_task):
