@@ -202,7 +202,8 @@ def _rows(o: Outcome) -> list[Row]:
     targeted = o.size == TARGET_SIZE
     for where, late in (("ledger", o.ledger), ("broker", o.broker)):
         if late is None:
-            rows.append(Row(label, f"lateness p99 / max at the {where}", "n/a for this broker"))
+            rows.append(Row(label, f"lateness median / p99 / max at the {where}",
+                            "n/a for this broker"))
             continue
         worst = max(late, default=0.0)
         rows.append(Row(
