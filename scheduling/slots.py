@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo
 from celery import schedules
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-from scheduling.cron import MAX_SEARCH_DAYS, CronSpec, next_cron_instant
+from scheduling.cron import MAX_SEARCH_DAYS, next_cron_instant, spec_for
 from scheduling.exceptions import ScheduleError
 
 #: Most slots counted one by one when coalescing; past it the count is a lower bound.
@@ -333,9 +333,9 @@ def next_crontab(crontab: CrontabSchedule, after: datetime) -> datetime:
 
     Raises ScheduleError if the crontab is invalid or matches no day in MAX_SEARCH_DAYS.
     """
-    spec = CronSpec.parse(
-        crontab.minute, crontab.hour, crontab.day_of_month, crontab.month_of_year,
-        crontab.day_of_week,
+    spec = spec_for(
+        str(crontab.minute), str(crontab.hour), str(crontab.day_of_month),
+        str(crontab.month_of_year), str(crontab.day_of_week),
     )
     return next_cron_instant(spec, ZoneInfo(str(crontab.timezone)), after, MAX_SEARCH_DAYS)
 

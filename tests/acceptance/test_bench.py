@@ -57,6 +57,8 @@ EXPECTED_ROWS = [
     ("failover, 2 trials", "kill to re-dispatch by another replica, max"),
     ("worker, no-op task, 200 runs, concurrency 2", "executions per second: guarded / guard left"),
     ("worker, no-op task, 200 runs, concurrency 2", "executions per second: guarded vs plain"),
+    ("worker, no-op task, 200 runs, concurrency 2",
+     "executions per second: guarded with asynchronous commit"),
     ("worker, no-op task, 200 runs, concurrency 2", "the server's commit ceiling"),
     ("herd, 100 clocked one-offs, 3 replicas, 2 guarded workers", "every run once: dispatched"),
     ("herd, 100 clocked one-offs, 3 replicas, 2 guarded workers", "lateness median / p99 / max at the ledger"),
@@ -112,6 +114,7 @@ OURS = {
     "kill to re-dispatch": rf"^{NUMBER} s$",
     "executions per second: guarded /": rf"^{NUMBER} runs/s / {NUMBER} runs/s$",
     "executions per second: guarded vs": rf"^{NUMBER} runs/s$",
+    "executions per second: guarded with": rf"^{NUMBER} runs/s$",
     "the server's commit ceiling": rf"^{NUMBER} / {NUMBER} commits/s$",
     "claim query": rf"^{NUMBER} ms$",
     "ledger size": rf"^{NUMBER} -> {NUMBER} rows \([+-]{NUMBER}%\); {NUMBER} -> {NUMBER} MB"

@@ -19,7 +19,7 @@ from django_celery_beat.models import (
     SolarSchedule,
 )
 
-from scheduling import slots
+from scheduling import cron, slots
 from scheduling.exceptions import ScheduleError
 from tests.unit.slot_factories import (
     BERLIN,
@@ -487,6 +487,29 @@ def test_leap_day_on_a_weekday_is_found_decades_ahead(after, expected):
 def test_invalid_crontab_field_raises_schedule_error(expr):
     with pytest.raises(ScheduleError, match="invalid crontab"):
         slots.next_run(cron_task(expr), utc(2025, 1, 1))
+
+
+def test_one_crontab_is_expanded_once_and_a_refused_one_every_time(monkeypatch):
+    expanded = []
+    parse = cron.CronSpec.parse
+
+    def counting(*fields):
+        expanded.append(fields)
+        return parse(*fields)
+
+    monkeypatch.setattr(cron.CronSpec, "parse", counting)
+    cron.spec_for.cache_clear()
+    try:
+        first = slots.next_run(cron_task("7 3 * * 1-5"), utc(2025, 6, 2))
+        again = slots.next_run(cron_task("7 3 * * 1-5"), utc(2025, 6, 3))
+        for _ in range(2):
+            with pytest.raises(ScheduleError, match="invalid crontab 61 3"):
+                slots.next_run(cron_task("61 3 * * *"), utc(2025, 1, 1))
+    finally:
+        cron.spec_for.cache_clear()
+    assert (first, again) == (utc(2025, 6, 2, 3, 7), utc(2025, 6, 3, 3, 7))
+    assert expanded == [("7", "3", "*", "*", "1-5"), ("61", "3", "*", "*", "*"),
+                        ("61", "3", "*", "*", "*")]
 
 
 def solar_task(event: str, latitude: float, longitude: float) -> PeriodicTask:
