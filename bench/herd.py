@@ -13,8 +13,8 @@ message per run, no copy; the workers' own log: one execution per run), and the 
 max at the ledger (``dispatched_at - due_at``: each run's flush to the broker) and at the broker
 (its arrival there - due). The target (issue 35) is max <= 1 s at 3,000 tasks, both ways.
 
-At that size each kind runs a second time with the workers held (SIGSTOP on their main
-processes from before the instant until every run is claimed, then SIGCONT: they execute the
+At that size each kind runs a second time with the workers held (SIGSTOP to their process
+groups from before the instant until every run is claimed, then SIGCONT: they execute the
 herd after): the replicas' own lateness, without the two workers executing the first runs on
 the same cores meanwhile. A figure beside the target, not a target.
 
@@ -116,8 +116,7 @@ def _one_herd(bench, kind: str, size: int, held: bool = False) -> Outcome:
         _wait_planned(tasks, at, size)
         bench.log(f"  herd {kind} {size:,}: planned, {(at - ledger.database_now()).total_seconds():.1f}"
                   f" s before the instant; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        workers = [deployment.processes[name].pid for name in WORKERS] if held else []
-        with profiled(bench.profile, label, pids), _stopped(workers):
+        with profiled(bench.profile, label, pids), _stopped(deployment, WORKERS if held else ()):
             scenarios.sleep_until(at)
             cpu = sum(map(cpu_seconds, pids))
             data.wait_claimed(at, timeout=120)
@@ -138,15 +137,16 @@ def _one_herd(bench, kind: str, size: int, held: bool = False) -> Outcome:
 
 
 @contextmanager
-def _stopped(pids: list[int]) -> Iterator[None]:
-    """Hold ``pids`` (SIGSTOP) for the block, then let them go on (SIGCONT), whatever happens."""
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+def _stopped(deployment, names: tuple[str, ...]) -> Iterator[None]:
+    """Hold the named processes (``Deployment.send``: SIGSTOP to each one's process group) for
+    the block, then let them go on (SIGCONT), whatever happens."""
+    for name in names:
+        deployment.send(name, signal.SIGSTOP)
     try:
         yield
     finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+        for name in names:
+            deployment.send(name, signal.SIGCONT)
 
 
 def _create(kind: str, size: int) -> tuple[datetime, list[int]]:
