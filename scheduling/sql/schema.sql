@@ -221,67 +221,11 @@ CREATE OR REPLACE TRIGGER scheduling_clocked_changed
 -- adds 1 to the task's version (scheduling_taskversion), in the statement's transaction. Every
 -- to_jsonb of a row drops the bookkeeping columns a claim writes (last_run_at,
 -- total_run_count): a statement that changed only those records nothing. The triggers pass the
--- kind of row and its key column (TG_ARGV). scheduling_record_history hands the writer at most
--- about scheduling.history_part_bytes bytes of rows a call (64 MB unless set; PostgreSQL caps a
--- jsonb array at 256 MB), in key order, so two statements bump the same tasks in the same order;
--- a statement of at most 8 rows keeps the session's plan and one call. scheduling_write_history
--- finds a change's tasks one kind of row at a time (a one-time filter on kind). No JIT (above).
-CREATE OR REPLACE FUNCTION scheduling_write_history(kind text, operation text, changes jsonb)
-RETURNS void LANGUAGE sql SET jit = off AS $$
-    WITH change AS (
-        SELECT NULLIF(c->0, 'null') AS old, NULLIF(c->1, 'null') AS new,
-               COALESCE(COALESCE(NULLIF(c->1, 'null'), c->0)->>'id',
-                        COALESCE(NULLIF(c->1, 'null'), c->0)->>'periodic_task_id')::integer
-                   AS object_id
-        FROM jsonb_array_elements(changes) AS c
-    ),
-    affected AS (
-        SELECT c.object_id AS task_id, COALESCE(c.new, c.old)->>'name' AS task_name, c.*
-        FROM change AS c WHERE kind = 'task'
-        UNION ALL
-        SELECT t.id, t.name, c.*
-        FROM change AS c JOIN django_celery_beat_periodictask AS t ON t.interval_id = c.object_id
-        WHERE kind = 'interval'
-        UNION ALL
-        SELECT t.id, t.name, c.*
-        FROM change AS c JOIN django_celery_beat_periodictask AS t ON t.crontab_id = c.object_id
-        WHERE kind = 'crontab'
-        UNION ALL
-        SELECT t.id, t.name, c.*
-        FROM change AS c JOIN django_celery_beat_periodictask AS t ON t.solar_id = c.object_id
-        WHERE kind = 'solar'
-        UNION ALL
-        SELECT t.id, t.name, c.*
-        FROM change AS c JOIN django_celery_beat_periodictask AS t ON t.clocked_id = c.object_id
-        WHERE kind = 'clocked'
-        UNION ALL
-        SELECT t.id, t.name, c.*
-        FROM change AS c JOIN django_celery_beat_periodictask AS t ON t.id = c.object_id
-        WHERE kind = 'policy'
-    ),
-    bumped AS (
-        -- In task id order, so two statements bumping the same tasks cannot deadlock.
-        INSERT INTO scheduling_taskversion (periodic_task_id, version)
-        SELECT task_id, 1 FROM affected ORDER BY task_id
-        ON CONFLICT (periodic_task_id)
-            DO UPDATE SET version = scheduling_taskversion.version + 1
-        RETURNING periodic_task_id, version
-    )
-    INSERT INTO scheduling_taskhistory
-        (periodic_task_id, periodic_task_name, version, kind, object_id, operation,
-         before, after, changed_at, actor, role)
-    SELECT a.task_id, a.task_name, b.version, kind, a.object_id, operation,
-           CASE WHEN a.old IS NULL OR a.new IS NULL THEN a.old ELSE
-               (SELECT jsonb_object_agg(key, value) FROM jsonb_each(a.old)
-                WHERE a.new->key IS DISTINCT FROM value) END,
-           CASE WHEN a.old IS NULL OR a.new IS NULL THEN a.new ELSE
-               (SELECT jsonb_object_agg(key, value) FROM jsonb_each(a.new)
-                WHERE a.old->key IS DISTINCT FROM value) END,
-           clock_timestamp(), COALESCE(current_setting('scheduling.actor', true), ''),
-           current_user
-    FROM affected AS a JOIN bumped AS b ON b.periodic_task_id = a.task_id;
-$$;
-
+-- kind of row and its key column (TG_ARGV). One statement per trigger call, planned for it
+-- (EXECUTE: the transition tables' sizes vary from an edit's one row to a bulk UPDATE's
+-- thousands), writes every row: each row's JSON is made once and its changed keys found in one
+-- pass, and the tasks are bumped in id order, so two statements bumping the same tasks cannot
+-- deadlock. Its parameters are the kind and the operation. No JIT (above).
 CREATE OR REPLACE FUNCTION scheduling_record_history() RETURNS trigger LANGUAGE plpgsql
 SET jit = off AS $$
 DECLARE
@@ -289,62 +233,71 @@ DECLARE
     key text := TG_ARGV[1];
     operation text := CASE TG_OP WHEN 'INSERT' THEN 'created' WHEN 'DELETE' THEN 'deleted'
                       ELSE 'changed' END;
-    changes jsonb;
-    part_bytes bigint := COALESCE(
-        NULLIF(current_setting('scheduling.history_part_bytes', true), '')::bigint, 67108864);
     source text;
+    tasks text;
 BEGIN
-    -- (Nested: PL/pgSQL evaluates both sides of AND, and an INSERT has no old rows.)
-    IF TG_OP = 'UPDATE' THEN
-        IF (SELECT count(*) FROM scheduling_new_rows) <= 8 THEN
-
-        SELECT jsonb_agg(jsonb_build_array(c.old, c.new)) INTO changes
-        FROM (
-            SELECT to_jsonb(o) - '{last_run_at,total_run_count}'::text[] AS old,
-                   to_jsonb(n) - '{last_run_at,total_run_count}'::text[] AS new
-            FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o
-                ON to_jsonb(o)->key = to_jsonb(n)->key
-        ) AS c
-        WHERE c.old IS DISTINCT FROM c.new;
-            IF changes IS NOT NULL THEN
-                PERFORM scheduling_write_history(kind, operation, changes);
-            END IF;
-            RETURN NULL;
-        END IF;
-    END IF;
+    -- The rows, each as (object_id, old, new): old NULL for an INSERT, new NULL for a DELETE.
     source := CASE TG_OP
         WHEN 'INSERT' THEN format(
-            'SELECT n.%1$I AS key, NULL::jsonb AS old,'
+            'SELECT n.%1$I AS object_id, NULL::jsonb AS old,'
             ' to_jsonb(n) - ''{last_run_at,total_run_count}''::text[] AS new'
             ' FROM scheduling_new_rows AS n', key)
         WHEN 'DELETE' THEN format(
-            'SELECT o.%1$I AS key, to_jsonb(o) - ''{last_run_at,total_run_count}''::text[] AS old,'
+            'SELECT o.%1$I AS object_id,'
+            ' to_jsonb(o) - ''{last_run_at,total_run_count}''::text[] AS old,'
             ' NULL::jsonb AS new FROM scheduling_old_rows AS o', key)
         ELSE format(
-            'SELECT n.%1$I AS key,'
+            'SELECT n.%1$I AS object_id,'
             ' to_jsonb(o) - ''{last_run_at,total_run_count}''::text[] AS old,'
             ' to_jsonb(n) - ''{last_run_at,total_run_count}''::text[] AS new'
             ' FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o ON o.%1$I = n.%1$I',
             key)
         END;
-    -- Each row's part: the bytes of the rows before it (in key order), over the part size.
-    FOR changes IN EXECUTE format($q$
-        SELECT jsonb_agg(jsonb_build_array(c.old, c.new) ORDER BY c.key)
-        FROM (
-            SELECT d.key, d.old, d.new,
-                   COALESCE(sum(COALESCE(pg_column_size(d.old), 0)
-                                 + COALESCE(pg_column_size(d.new), 0))
-                            OVER (ORDER BY d.key
-                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
-                       / $1 AS part
-            FROM (%s) AS d
-            WHERE d.old IS DISTINCT FROM d.new
-        ) AS c
-        GROUP BY c.part ORDER BY c.part
-    $q$, source) USING part_bytes
-    LOOP
-        PERFORM scheduling_write_history(kind, operation, changes);
-    END LOOP;
+    -- The tasks each changed row belongs to, with their names: a task row is its own; a
+    -- schedule row belongs to every task on it; a policy to its task.
+    tasks := CASE kind
+        WHEN 'task' THEN
+            'SELECT c.object_id AS task_id, COALESCE(c.new, c.old)->>''name'' AS task_name, c.*'
+            ' FROM change AS c'
+        WHEN 'policy' THEN
+            'SELECT t.id AS task_id, t.name AS task_name, c.* FROM change AS c'
+            ' JOIN django_celery_beat_periodictask AS t ON t.id = c.object_id'
+        ELSE format(
+            'SELECT t.id AS task_id, t.name AS task_name, c.* FROM change AS c'
+            ' JOIN django_celery_beat_periodictask AS t ON t.%I = c.object_id', kind || '_id')
+        END;
+    -- OFFSET 0 keeps each row's two to_jsonb from being computed again in the lateral pass.
+    EXECUTE format($q$
+        WITH change AS (
+            SELECT d.object_id, d.old, d.new, x.before, x.after
+            FROM (%s OFFSET 0) AS d
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN d.old IS NULL OR d.new IS NULL THEN d.old
+                            ELSE jsonb_object_agg(e.key, e.value) END AS before,
+                       CASE WHEN d.old IS NULL OR d.new IS NULL THEN d.new
+                            ELSE jsonb_object_agg(e.key, d.new->e.key) END AS after,
+                       count(e.key) AS changed
+                FROM jsonb_each(CASE WHEN d.new IS NOT NULL THEN d.old END) AS e
+                WHERE d.new->e.key IS DISTINCT FROM e.value
+            ) AS x
+            WHERE d.old IS NULL OR d.new IS NULL OR x.changed > 0
+        ),
+        affected AS (%s),
+        bumped AS (
+            INSERT INTO scheduling_taskversion (periodic_task_id, version)
+            SELECT task_id, 1 FROM affected ORDER BY task_id
+            ON CONFLICT (periodic_task_id)
+                DO UPDATE SET version = scheduling_taskversion.version + 1
+            RETURNING periodic_task_id, version
+        )
+        INSERT INTO scheduling_taskhistory
+            (periodic_task_id, periodic_task_name, version, kind, object_id, operation,
+             before, after, changed_at, actor, role)
+        SELECT a.task_id, a.task_name, b.version, $1, a.object_id, $2, a.before, a.after,
+               clock_timestamp(), COALESCE(current_setting('scheduling.actor', true), ''),
+               current_user
+        FROM affected AS a JOIN bumped AS b ON b.periodic_task_id = a.task_id
+    $q$, source, tasks) USING kind, operation;
     IF kind = 'task' AND TG_OP = 'DELETE' THEN
         DELETE FROM scheduling_taskversion
         WHERE periodic_task_id IN (SELECT o.id FROM scheduling_old_rows AS o);

@@ -218,8 +218,8 @@ def test_a_manual_run_names_its_version(make_task):
 def test_the_functions_that_run_in_an_editing_session_turn_jit_off():
     # At 1,000,000 tasks an admin save spent 0.5 s in LLVM compiling the history's statement,
     # estimated from a plan without its arguments (migration 0019). Each function a trigger of
-    # the periodic task, schedule or policy tables runs, and the history writer, carries jit=off
-    # (but the row trigger that bounds date_changed: one assignment, nothing to compile).
+    # the periodic task, schedule or policy tables runs carries jit=off (but the row trigger
+    # that bounds date_changed: one assignment, nothing to compile).
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -230,14 +230,12 @@ def test_the_functions_that_run_in_an_editing_session_turn_jit_off():
                 'django_celery_beat_crontabschedule', 'django_celery_beat_solarschedule',
                 'django_celery_beat_clockedschedule', 'scheduling_taskpolicy')
               AND p.proname <> 'scheduling_date_changed_not_ahead'
-            UNION
-            SELECT proname, proconfig FROM pg_proc WHERE proname = 'scheduling_write_history'
             """
         )
         functions = dict(cursor.fetchall())
     assert functions == {
         name: ["jit=off"] for name in (
             "scheduling_note_schedule_change", "scheduling_note_task_change",
-            "scheduling_note_task_insert", "scheduling_record_history", "scheduling_write_history",
+            "scheduling_note_task_insert", "scheduling_record_history",
         )
     }

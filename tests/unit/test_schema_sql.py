@@ -30,7 +30,7 @@ def test_every_statement_can_run_again():
 def test_blocks_are_chosen_by_name_and_come_in_file_order():
     both = schema("history", "execution_lock_key")
     assert both.startswith("CREATE OR REPLACE FUNCTION scheduling_execution_lock_key(")
-    assert both.index("scheduling_execution_lock_key") < both.index("scheduling_write_history")
+    assert both.index("scheduling_execution_lock_key") < both.index("scheduling_record_history")
     assert "scheduling_run_due_at" not in both
     assert schema() == "\n\n".join(schema(name) for name in BLOCKS)
     with pytest.raises(KeyError, match="schema.sql has no block 'nothing'"):
