@@ -169,7 +169,6 @@ def update_tasks(updates: dict[int, TaskUpdate], using: str = "default") -> None
         return
     ids = sorted(updates)
     with connections[using].cursor() as cursor:
-        cursor.execute(queries["lock_tasks"], [ids])
         cursor.execute(
             queries["update_tasks"],
             [

@@ -123,25 +123,29 @@ SELECT pg_advisory_unlock(%s)
 -- A transaction-level advisory lock (the CELERY_BEAT_SCHEDULE sync), waiting for it.
 SELECT pg_advisory_xact_lock(%s)
 
--- lock_tasks --
--- The periodic tasks a claim (or a replica's bookkeeping) updates, locked in id order so two
--- writers cannot deadlock. FOR NO KEY UPDATE, the lock their UPDATE takes anyway: it leaves the
--- rows to the foreign-key checks (FOR KEY SHARE) of runs inserted elsewhere, which Django defers
--- to COMMIT and takes in the runs' order; FOR UPDATE made those wait, and a claim committing its
--- next runs deadlocked with a bookkeeping write holding some of the same tasks (seen in the
--- benchmark's lateness scenario: the claim rolled back after its messages went out).
-SELECT id FROM {periodic_task} WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE
-
 -- update_tasks --
--- last_run_at, total_run_count and enabled of the tasks a claim dispatched, without moving
--- django-celery-beat's change marker (no replica reloads) or date_changed (the interval anchor).
--- last_run_at never moves back (GREATEST ignores a NULL).
+-- last_run_at, total_run_count and enabled of the tasks a claim dispatched (arrays of task id,
+-- newest slot, runs, disable), without moving django-celery-beat's change marker (no replica
+-- reloads) or date_changed (the interval anchor); last_run_at never moves back (GREATEST
+-- ignores a NULL). One statement: the task rows are locked in id order first (locked), so two
+-- writers cannot deadlock, with FOR NO KEY UPDATE, the lock the UPDATE takes anyway: it leaves
+-- the rows to the foreign-key checks (FOR KEY SHARE) of runs inserted elsewhere, which Django
+-- defers to COMMIT and takes in the runs' order; FOR UPDATE made those wait, and a claim
+-- committing its next runs deadlocked with a bookkeeping write holding some of the same tasks
+-- (seen in the benchmark's lateness scenario: the claim rolled back after its messages went
+-- out).
+WITH v AS (
+    SELECT * FROM unnest(%s::integer[], %s::timestamptz[], %s::integer[], %s::boolean[])
+        AS v(id, last_slot, runs, disable)
+), locked AS MATERIALIZED (
+    SELECT t.id FROM {periodic_task} AS t WHERE t.id IN (SELECT id FROM v)
+    ORDER BY t.id FOR NO KEY UPDATE OF t
+)
 UPDATE {periodic_task} AS t SET
     last_run_at = GREATEST(t.last_run_at, v.last_slot),
     total_run_count = t.total_run_count + v.runs,
     enabled = t.enabled AND NOT v.disable
-FROM unnest(%s::integer[], %s::timestamptz[], %s::integer[], %s::boolean[])
-    AS v(id, last_slot, runs, disable)
+FROM v JOIN locked AS l ON l.id = v.id
 WHERE t.id = v.id
 
 -- owe_run_counts --
@@ -154,7 +158,7 @@ SELECT * FROM unnest(%s::integer[], %s::integer[], %s::timestamptz[])
 -- Move the owed counts onto the task rows and delete them, in one statement: rows another
 -- settle holds are skipped (it counts them), rows of uncommitted claims are not seen yet (the
 -- next settle counts them), so each owed row is counted once. The task rows are locked in id
--- order first (as lock_tasks), so two writers cannot deadlock; last_run_at never moves back.
+-- order first (as update_tasks), so two writers cannot deadlock; last_run_at never moves back.
 -- A deleted task's rows are deleted with nothing to update. Returns one row per task updated.
 WITH owed AS (
     DELETE FROM {owed_run_count}
