@@ -25,6 +25,7 @@ from psycopg import pq
 from scheduling import cadences
 from scheduling.conf import conf
 from scheduling.ledger import pooler
+from scheduling.ledger.timestamps import use_compiled_timestamps
 from scheduling.sql import BEAT_SCHEDULE_LOCK, RECONCILE_LOCK, queries
 
 logger = logging.getLogger(__name__)
@@ -104,7 +105,8 @@ def configure_session(using: str = "default") -> None:
     first statement of every transaction sets the two timeouts and the name for that transaction
     (``set_config(..., true)``: one round trip more per transaction), and keepalives are the
     pooler's own (PgBouncer's ``tcp_keepalive`` settings). Whether the claim may be prepared there
-    is asked now, outside any transaction (``pooler.keeps_prepared``).
+    is asked now, outside any transaction (``pooler.keeps_prepared``). Timestamps are read with
+    psycopg's compiled loader where the session is in UTC (``timestamps``).
     """
     _configure(using)
     if conf.direct_database != using:
@@ -117,6 +119,7 @@ def _configure(using: str) -> None:
     raw = connection.connection
     if getattr(connection, "_scheduling_session", None) is raw:
         return
+    use_compiled_timestamps(raw, connection.timezone)
     if pooler.pooled(using):
         if _bounds_per_transaction not in connection.execute_wrappers:
             connection.execute_wrappers.append(_bounds_per_transaction)
