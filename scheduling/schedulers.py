@@ -358,10 +358,12 @@ class LedgerScheduler(DatabaseScheduler):
     def _publisher(self) -> Callable[[Message], None]:
         """``RunPublisher.publish`` on this replica's producer, with the settings it reads taken
         once, for one claim or redelivery pass (a setting read costs microseconds; a claim
-        publishes up to ``cadences.BATCH_SIZE``)."""
+        publishes up to ``cadences.BATCH_SIZE``). Called inside ``_publish_batch``: where the
+        transport buffers, each publish only adds to the batch (``buffered``)."""
         return partial(
             self._runs.publish, self.producer,
             reject_unknown=conf.reject_unknown_tasks, timeout=cadences.BROKER_TIMEOUT,
+            buffered=bool(getattr(self.producer, "supports_batch_publish", False)),
         )
 
     def _recovered(self) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from django.conf import settings
-from kombu import Connection, Exchange, Queue
+from kombu import Connection, Exchange, Producer, Queue
 
 from scheduling.publisher import PUBLISH_RETRY_POLICY, RunPublisher
 from scheduling.run_message import Message
@@ -281,3 +281,43 @@ def test_past_templates_kept_the_cache_starts_again_and_messages_stay_the_same(
 
     assert [m["body"][0] for m in sent] == [[0], [1], [2]]
     assert len(publisher._templates) == 1  # the third definition's, in a cache started again
+
+
+def test_a_buffered_publish_to_a_declared_queue_skips_kombus_declaration_and_retry(
+    queue, monkeypatch
+):
+    """In a batch of a transport that buffers (Redis), the first message declares the queue and
+    every later one goes straight into the batch; each message is still the one beat sends."""
+    app = _app(queue)
+    declarations = []
+    declare = Producer.maybe_declare
+
+    def counting(self: Any, entity: Any, *args: Any, **kwargs: Any) -> Any:
+        declarations.append(getattr(entity, "name", entity))
+        return declare(self, entity, *args, **kwargs)
+
+    monkeypatch.setattr(Producer, "maybe_declare", counting)
+    publisher = RunPublisher(app)
+    messages = [_message("cases.plain", [n], {}) for n in range(3)]
+    with app.connection_for_write() as conn:
+        producer = conn.Producer()
+        buffered = bool(getattr(producer, "supports_batch_publish", False))
+        expected = []
+        for message in messages:
+            _as_beat(app, producer, message)
+            expected.append(_read(app, queue))
+        declarations.clear()  # beat's publishes declared the queue too: count ours only
+        conn.declared_entities.clear()
+        with producer.batch():
+            for message in messages:
+                publisher.publish(producer, message, reject_unknown=False, timeout=5.0,
+                                  buffered=buffered)
+        got = [_read(app, queue) for _ in messages]
+    assert [_differences(want, have) for want, have in zip(expected, got)] == [{}] * 3
+    assert [message["body"][0] for message in got] == [[0], [1], [2]]
+    if settings.CELERY_BROKER_URL.startswith("redis"):
+        assert buffered is True
+        assert declarations == [queue]  # the first publish only
+    else:  # AMQP and the SQL transport publish each message at once: every one declares
+        assert buffered is False
+        assert declarations == [queue] * 3

@@ -512,6 +512,36 @@ def test_one_crontab_is_expanded_once_and_a_refused_one_every_time(monkeypatch):
                         ("61", "3", "*", "*", "*")]
 
 
+def test_tasks_sharing_a_crontab_at_one_slot_walk_it_once():
+    cron.next_cron_instant.cache_clear()
+    paris = ZoneInfo("Europe/Paris")
+    try:
+        # 100 tasks (each its own crontab row, the same fields) due at one slot: one walk.
+        nexts = {slots.next_run(cron_task("30 2 * * *", tz="Europe/Paris"), utc(2026, 3, 28, 1, 30))
+                 for _ in range(100)}
+        shared = cron.next_cron_instant.cache_info()
+        # The same instant written in another zone is the same key, and the same answer.
+        again = slots.next_run(
+            cron_task("30 2 * * *", tz="Europe/Paris"),
+            datetime(2026, 3, 28, 2, 30, tzinfo=paris),
+        )
+        # A refused search keeps nothing: it walks every time.
+        for _ in range(2):
+            with pytest.raises(ScheduleError, match="matches no day"):
+                cron.next_cron_instant(cron.spec_for("0", "0", "1", "1", "*"), paris,
+                                       utc(2026, 1, 2), 10)
+        after = cron.next_cron_instant.cache_info()
+    finally:
+        cron.next_cron_instant.cache_clear()
+    # 02:30 does not exist in Paris on 29 March 2026: the fixed-time job runs at the jump.
+    assert nexts == {utc(2026, 3, 29, 1, 0)} and again == utc(2026, 3, 29, 1, 0)
+    assert (shared.misses, shared.hits, shared.currsize) == (1, 99, 1)
+    assert (after.misses, after.hits, after.currsize) == (3, 100, 1)
+    assert cron.next_cron_instant.__wrapped__(
+        cron.spec_for("30", "2", "*", "*", "*"), paris, utc(2026, 3, 28, 1, 30)
+    ) == utc(2026, 3, 29, 1, 0)
+
+
 def solar_task(event: str, latitude: float, longitude: float) -> PeriodicTask:
     solar = SolarSchedule(id=next_id(), event=event, latitude=latitude, longitude=longitude)
     return PeriodicTask(name="solar", task="project.tasks.record", solar=solar)
