@@ -294,9 +294,10 @@ class _Liveness:
     def start(self, key: Attempt, worker: str) -> tuple[bool, bool]:
         """Take the lock of attempt ``key`` without waiting and start its run if dispatched.
 
-        One statement (``start_execution``). Returns (lock held now, run started); a run
-        started is running, with ``started_at``, ``worker`` (cut to 255 characters),
-        ``key.retries`` and one execution more. Raises psycopg.Error (the session is closed).
+        One statement (``start_execution``: the function ``scheduling_start_execution``).
+        Returns (lock held now, run started); a run started is running, with ``started_at``,
+        ``worker`` (cut to 255 characters), ``key.retries`` and one execution more. Raises
+        psycopg.Error (the session is closed).
         """
         from scheduling.sql import queries
 
@@ -312,9 +313,9 @@ class _Liveness:
     def finish(self, key: Attempt, status: str, error: str = "") -> bool:
         """Record attempt ``key``'s outcome ``status`` and release its lock, in one statement.
 
-        ``ledger.record_finished``'s rule (``finish_execution``); ``error`` is cut to
-        ``ERROR_LIMIT``. Returns True if a run took the outcome. Raises psycopg.Error (the
-        session is closed, its locks with it).
+        ``ledger.record_finished``'s rule (``finish_execution``: ``scheduling_finish_execution``);
+        ``error`` is cut to ``ERROR_LIMIT``. Returns True if a run took the outcome. Raises
+        psycopg.Error (the session is closed, its locks with it).
         """
         from scheduling.ledger.writes import ERROR_LIMIT
         from scheduling.models import Run

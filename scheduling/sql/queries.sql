@@ -285,42 +285,25 @@ SELECT pg_try_advisory_lock(scheduling_execution_lock_key(%s, %s))
 SELECT pg_advisory_unlock(scheduling_execution_lock_key(%s, %s))
 
 -- start_execution --
--- A delivery's start on the worker's own session, in one statement: the execution lock of its
--- attempt (task id, retries), taken without waiting, and, when it was free, the run started if
--- it is dispatched (its first delivery: running, started_at, worker, retries, one execution
--- more). Returns (lock taken, run id started or NULL); any other case (no lock, a run in
--- another status, no run) is decided by ledger.begin_execution with the lock as taken here.
--- The lock is taken before the update (a CTE with a volatile function is evaluated once, first).
-WITH lock AS (
-    SELECT pg_try_advisory_lock(scheduling_execution_lock_key(%(task_id)s, %(retries)s)) AS mine
-), started AS (
-    UPDATE {run}
-    SET status = 'running', started_at = clock_timestamp(), worker = %(worker)s,
-        retries = %(retries)s, executions = executions + 1
-    WHERE task_id = %(task_id)s AND status = 'dispatched' AND (SELECT mine FROM lock)
-    RETURNING id
-)
-SELECT (SELECT mine FROM lock), (SELECT id FROM started)
+-- A delivery's start on the worker's own session, one call (schema.sql, guard_execution): the
+-- execution lock of its attempt (task id, retries), taken without waiting, and, when it was
+-- free, the run started if it is dispatched (its first delivery: running, started_at, worker,
+-- retries, one execution more). Returns (lock taken, run id started or NULL); any other case
+-- (no lock, a run in another status, no run) is decided by ledger.begin_execution with the lock
+-- as taken here.
+SELECT mine, run_id
+FROM scheduling_start_execution(%(task_id)s, %(retries)s, %(worker)s)
 
 -- finish_execution --
--- A guarded attempt's outcome, on the worker's own session, in one statement: the run's final
--- status, finished_at, error (ledger.record_finished's rule: a run not finished, or closed
--- "worker lost" whose attempt did finish after all, reason then %(late)s), and, when %(held)s,
--- the attempt's execution lock released. The unlock is evaluated over the update's count, so
--- after the run's row is locked: a redelivery taking the freed lock waits for this commit and
--- finds the run finished. Returns (runs updated, unlocked or NULL).
-WITH done AS (
-    UPDATE {run}
-    SET status = %(status)s, finished_at = clock_timestamp(), error = %(error)s,
-        reason = CASE WHEN reason = 'worker lost' THEN %(late)s ELSE reason END
-    WHERE task_id = %(task_id)s AND retries = %(retries)s
-      AND (status IN ('dispatched', 'running', 'retrying')
-           OR (status = 'failed' AND reason = 'worker lost'))
-    RETURNING id
-)
-SELECT d.n, CASE WHEN %(held)s
-    THEN pg_advisory_unlock(scheduling_execution_lock_key(%(task_id)s, %(retries)s)) END
-FROM (SELECT count(*) AS n FROM done) AS d
+-- A guarded attempt's outcome, on the worker's own session, one call (schema.sql,
+-- guard_execution): the run's final status, finished_at, error (ledger.record_finished's rule: a
+-- run not finished, or closed "worker lost" whose attempt did finish after all, reason then
+-- %(late)s), and, when %(held)s, the attempt's execution lock released after the run's row is
+-- locked: a redelivery taking the freed lock waits for this commit and finds the run finished.
+-- Returns (runs updated, unlocked or NULL).
+SELECT updated, unlocked
+FROM scheduling_finish_execution(
+    %(task_id)s, %(retries)s, %(status)s, %(error)s, %(late)s, %(held)s)
 
 -- guard_keepalives --
 -- The guard's lock session: the server frees the execution locks of a worker cut off silently

@@ -36,6 +36,52 @@ CREATE OR REPLACE FUNCTION scheduling_execution_lock_key(task_id text, retries i
 RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT hashtextextended('scheduling.run:' || task_id || ':' || retries, 0) $$;
 
+-- guard_execution --
+-- The worker guard's two writes of a first delivery (scheduling.guard._Liveness), one call each
+-- on the worker's own session, in autocommit: its start (the execution lock of the attempt,
+-- taken without waiting, then, when it was free, the dispatched run started) and its outcome
+-- (the run's final status by ledger.record_finished's rule, then, when held, the lock
+-- released). PL/pgSQL runs each as two steps of cached plans: a third less server CPU than the
+-- same work as one statement with CTEs (0.8 against 1.3 ms a start and outcome, issue 35), which
+-- both sides of the herd share with every claim. The lock is taken before the update; the unlock
+-- comes after the run's row is locked by the outcome's update, so a redelivery that takes the
+-- freed lock waits for this transaction and finds the run finished. Parameters are positional
+-- (queries.sql, start_execution and finish_execution).
+CREATE OR REPLACE FUNCTION scheduling_start_execution(
+    attempt_task_id text, attempt_retries integer, worker_name text,
+    OUT mine boolean, OUT run_id bigint
+) LANGUAGE plpgsql AS $$
+BEGIN
+    mine := pg_try_advisory_lock(scheduling_execution_lock_key(attempt_task_id, attempt_retries));
+    IF mine THEN
+        UPDATE scheduling_run AS r
+        SET status = 'running', started_at = clock_timestamp(), worker = worker_name,
+            retries = attempt_retries, executions = r.executions + 1
+        WHERE r.task_id = attempt_task_id AND r.status = 'dispatched'
+        RETURNING r.id INTO run_id;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scheduling_finish_execution(
+    attempt_task_id text, attempt_retries integer, outcome text, error_text text,
+    late_reason text, held boolean, OUT updated bigint, OUT unlocked boolean
+) LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE scheduling_run AS r
+    SET status = outcome, finished_at = clock_timestamp(), error = error_text,
+        reason = CASE WHEN r.reason = 'worker lost' THEN late_reason ELSE r.reason END
+    WHERE r.task_id = attempt_task_id AND r.retries = attempt_retries
+      AND (r.status IN ('dispatched', 'running', 'retrying')
+           OR (r.status = 'failed' AND r.reason = 'worker lost'));
+    GET DIAGNOSTICS updated = ROW_COUNT;
+    IF held THEN
+        unlocked := pg_advisory_unlock(
+            scheduling_execution_lock_key(attempt_task_id, attempt_retries));
+    END IF;
+END
+$$;
+
 -- run_due_at --
 -- Run.due_at, the moment a run is due (its slot plus the task's jitter offset), for every
 -- writer: an insert that leaves it empty (raw SQL, Run.objects.create without it) gets

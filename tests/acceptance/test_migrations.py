@@ -38,10 +38,10 @@ ROOT = Path(__file__).resolve().parents[2]
 OLD_CHAIN = "17fdc8db76572b7f15401c98c3001d0f0ef995c0"
 SHOWN = (
     "scheduling\n [X] 0001_initial (21 squashed migrations)\n [X] 0002_buffer_one\n"
-    " [X] 0003_history_in_one_statement\n"
+    " [X] 0003_history_in_one_statement\n [X] 0004_guard_execution_functions\n"
 )
 #: The migrations after 0001, in order.
-AFTER = ("0002_buffer_one", "0003_history_in_one_statement")
+AFTER = ("0002_buffer_one", "0003_history_in_one_statement", "0004_guard_execution_functions")
 #: A periodic task written before the upgrade, edited after it (the triggers keep working).
 SEED = (
     "from django_celery_beat.models import IntervalSchedule, PeriodicTask\n"
@@ -134,7 +134,7 @@ def test_a_database_of_the_old_chain_upgrades_to_the_schema_of_a_new_one(tmp_pat
     assert manage(fresh, "showmigrations", "scheduling") == SHOWN
     assert _recorded(old) == _recorded(fresh) == sorted([*replaced, *AFTER])
     upgraded_schema, fresh_schema = catalog_of(old), catalog_of(fresh)
-    assert (len(fresh_schema["functions"]), len(fresh_schema["triggers"])) == (9, 20)
+    assert (len(fresh_schema["functions"]), len(fresh_schema["triggers"])) == (11, 20)
     assert differences(upgraded_schema, fresh_schema) == {}
 
 

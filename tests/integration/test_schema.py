@@ -77,7 +77,7 @@ def test_the_migrated_database_holds_exactly_the_models_and_schema_sql(built_fro
     }
     assert {name.partition("(")[0] for name in migrated["functions"]} == named["functions"]
     assert {name.partition(".")[2] for name in migrated["triggers"]} == named["triggers"]
-    assert (len(named["functions"]), len(named["triggers"])) == (9, 20)
+    assert (len(named["functions"]), len(named["triggers"])) == (11, 20)
     assert differences(migrated, built_from_the_code) == {}
     constraint = "scheduling_run.scheduling_run_periodic_task_id_9d64afac_fk_django_ce"
     assert migrated["constraints"][constraint] == (

@@ -9,8 +9,8 @@ import pytest
 from scheduling.sql import SCHEMA_FILE, parse_schema, schema
 
 BLOCKS = [
-    "run_periodic_task_set_null", "execution_lock_key", "run_due_at", "date_changed_not_ahead",
-    "change_log", "history", "release_buffered",
+    "run_periodic_task_set_null", "execution_lock_key", "guard_execution", "run_due_at",
+    "date_changed_not_ahead", "change_log", "history", "release_buffered",
 ]
 
 
