@@ -77,9 +77,9 @@ def guard_cost(bench) -> list[Row]:
     data.plan()
     seen: dict[str, list[float]] = {"plain": [], "guarded": []}
     try:
-        for _ in range(ROUNDS):  # interleaved: a load spike costs one round, not one way
-            seen["plain"].append(_plain(bench, n))
-            seen["guarded"].append(_ledger(bench, tasks, "guarded"))
+        for i in range(1, ROUNDS + 1):  # interleaved: a load spike costs one round, not one way
+            seen["plain"].append(_plain(bench, n, f"-{i}"))
+            seen["guarded"].append(_ledger(bench, tasks, "guarded", f"-{i}"))
         rates = {way: statistics.median(found) for way, found in seen.items()}
         rates["recorded"] = _ledger(bench, tasks, "recorded",
                                     DJANGO_SETTINGS_MODULE="bench.unguarded_settings")
@@ -162,26 +162,28 @@ def _commit_loops(params: dict, synchronous: bool, sessions: int, commits: int) 
     return elapsed
 
 
-def _plain(bench, n: int) -> float:
+def _plain(bench, n: int, round_: str = "") -> float:
+    """Plain Celery's rate; ``round_`` names the round's folder and profile (``-2``)."""
     from project.celery import app
 
-    deployment = bench.deployment("guard-plain")
+    deployment = bench.deployment(f"guard-plain{round_}")
     try:
         with app.producer_or_acquire() as producer:
             for _ in range(n):
                 app.send_task(NOOP, queue=deployment.queue, producer=producer)
         _wait_queued(bench, deployment, n)
-        rate = _drained(bench, deployment, n, "guard_cost-plain")
+        rate = _drained(bench, deployment, n, f"guard_cost-plain{round_}")
     finally:
         close(bench, deployment)
     bench.log(f"  worker, plain Celery: {rate:,.0f} runs/s")
     return rate
 
 
-def _ledger(bench, tasks: list[int], way: str, **env: str) -> float:
+def _ledger(bench, tasks: list[int], way: str, round_: str = "", **env: str) -> float:
     """Our replica dispatches every task's next run at one instant, with no worker running;
-    then one worker runs them all."""
-    deployment = bench.deployment(f"guard-{way}", **env)
+    then one worker runs them all. ``round_`` names the round's folder and profile (``-2``):
+    each needs a worker log of its own."""
+    deployment = bench.deployment(f"guard-{way}{round_}", **env)
     data.clear_ledger()
     try:
         deployment.start_beat("replica-1")
@@ -190,7 +192,7 @@ def _ledger(bench, tasks: list[int], way: str, **env: str) -> float:
         at, moved = data.due_at_once(tasks, timeout=300)
         deployment.stop("replica-1")
         _wait_queued(bench, deployment, moved)
-        rate = _drained(bench, deployment, moved, f"guard_cost-{way}")
+        rate = _drained(bench, deployment, moved, f"guard_cost-{way}{round_}")
         done = Run.objects.filter(scheduled_for=at, status=Run.Status.SUCCEEDED).count()
         if done != moved:
             raise RuntimeError(f"worker, {way}: {done}/{moved} runs succeeded on the ledger")
