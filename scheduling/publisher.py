@@ -94,12 +94,13 @@ class RunPublisher:
         to the batch, which its flush sends (without kombu's retry). Then, once the queue's
         declaration is in the connection's cache (``Connection.declared_entities``), kombu's
         per-message retry wrapper and declaration check are skipped: they cost a tenth of a
-        replica's publishing CPU in a herd and do no I/O there. Raises RunRejected for an unknown
-        task name, PublishFailed
-        when the broker refused the message (``basic.nack``: a full queue with
-        ``reject-publish``, say), and lets the other broker errors (a channel error such as a
-        missing exchange, a lost connection, a confirm not received within the timeout)
-        propagate as kombu's errors: the claim rolls back.
+        replica's publishing CPU in a herd and do no I/O there.
+
+        Raises RunRejected for an unknown task name, PublishFailed when the broker refused the
+        message (``basic.nack``: a full queue with ``reject-publish``, say), and lets the other
+        broker errors (a channel error such as a missing exchange, a lost connection, a confirm
+        not received within the timeout) propagate as kombu's errors: the claim rolls back.
+        "Return once the broker has it" means, when ``buffered``, once the batch is flushed.
         """
         app = self.app
         task_type = app.tasks.get(message.name)
