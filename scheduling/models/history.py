@@ -87,7 +87,7 @@ class TaskHistory(models.Model):
 
     class Meta:
         verbose_name = "edit history entry"
-        verbose_name_plural = "edit history"
+        verbose_name_plural = "edit history entries"
         ordering = ["-changed_at", "-id"]
         constraints = [
             # One entry per version of a task: the run's definition_version names exactly one.

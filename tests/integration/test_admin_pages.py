@@ -221,6 +221,17 @@ def test_every_admin_page_of_the_app_renders_with_runs_in_the_ledger(staff, make
     assert "hourly digest" in staff.get(HEALTH).content.decode()
 
 
+def test_the_edit_history_changelist_counts_entries(staff, make_task):
+    from scheduling.models import TaskHistory
+
+    for n in range(3):
+        make_task(every=60, name=f"counted {n}")  # one entry each: created
+    assert TaskHistory.objects.count() == 3
+    html = staff.get(reverse("admin:scheduling_taskhistory_changelist")).content.decode()
+    paginator = html.split('<p class="paginator">', 1)[1].split("</p>", 1)[0]
+    assert paginator.strip() == "3 edit history entries"
+
+
 def test_health_pages_keep_their_window(staff):
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
