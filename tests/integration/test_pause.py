@@ -155,6 +155,14 @@ def test_admin_pause_asks_why_and_the_task_page_says_since_when(client, make_tas
     changelist = reverse("admin:django_celery_beat_periodictask_changelist")
     form = client.post(changelist, {"action": "pause_tasks", "_selected_action": [task.pk]})
     assert form.status_code == 200 and 'name="why"' in form.content.decode()
+    crumbs = form.content.decode().split('<div class="breadcrumbs">', 1)[1].split("</div>", 1)[0]
+    assert [line.strip() for line in crumbs.strip().splitlines()] == [
+        f'<a href="{reverse("admin:index")}">Home</a>',
+        f'&rsaquo; <a href="{reverse("admin:app_list", args=["django_celery_beat"])}">Periodic'
+        " Tasks</a>",
+        f'&rsaquo; <a href="{changelist}">Periodic tasks</a>',
+        "&rsaquo; Pause periodic tasks",
+    ]
     assert not Pause.objects.exists()
     done = client.post(
         changelist,
