@@ -1,8 +1,9 @@
 """``manage.py demo``: beat replicas sharing the work, one worker and the admin, on one ledger.
 
-The demo migrates, creates an ``admin`` login and three example periodic tasks, starts N
-``celery beat`` replicas (all running ``LedgerScheduler``), one worker and the admin as child
-processes, and every few seconds prints a summary read from the run ledger: runs dispatched per
+The demo migrates, creates an ``admin`` login, starts N ``celery beat`` replicas (all running
+``LedgerScheduler``), one worker and the admin as child processes, then creates three example
+periodic tasks (once the replicas run, so their first runs are on time), and every few seconds
+prints a summary read from the run ledger: runs dispatched per
 replica, duplicates (must be 0), outcomes and lateness, and, as a check independent of the
 ledger, how many executions the worker's own log shows and whether any task id ran twice.
 ``--kill-replica`` SIGKILLs, after about 15 s, the replica that has dispatched the most runs so
@@ -147,8 +148,7 @@ class Command(BaseCommand):
             advance(note="admin login")
             self._prepare_broker()
             advance(note="broker")
-            names = _example_tasks()
-            advance(note="periodic tasks")
+            _retire_previous_tasks()
             since = ledger.database_now()
             previous = [signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)]
             try:
@@ -158,6 +158,9 @@ class Command(BaseCommand):
                 signal.signal(signal.SIGTERM, previous[0])
                 signal.signal(signal.SIGHUP, previous[1])
                 raise CommandError("interrupted during start-up") from exc
+            # Once the replicas run: a first slot due while none ran yet would be dispatched late.
+            names = _example_tasks()
+            advance(note="periodic tasks")
         self.say("migrated the database; periodic tasks: " + "; ".join(names))
         self.say("started " + ", ".join(f"{c.name} (pid {c.pid})" for c in self.children))
         try:
@@ -454,16 +457,33 @@ def _admin_login() -> str:
     return password
 
 
+#: The demo's clocked one-off, recreated by every demo.
+ONE_OFF = f"{PREFIX}one-off in 30 s"
+
+
+def _retire_previous_tasks() -> None:
+    """Before the replicas start: cancel the runs an earlier demo left pending (its tasks are
+    disabled and the ledger reconciled), so a restart does not dispatch a stale, very late run,
+    and delete its one-off (a one-off that ran once is over for good)."""
+    PeriodicTask.objects.filter(name__startswith=PREFIX).update(enabled=False)
+    ledger.reconcile(timedelta(seconds=conf.misfire_grace_seconds))
+    for task in PeriodicTask.objects.filter(name=ONE_OFF).select_related("clocked"):
+        clocked = task.clocked
+        task.delete()
+        if clocked is not None and not clocked.periodictask_set.exists():
+            clocked.delete()
+
+
 def _example_tasks() -> list[str]:
-    """Create the demo's periodic tasks by name (idempotently) and start them from a clean slate.
+    """Create the demo's periodic tasks by name (idempotently) and enable them; return the names.
 
     - ``demo: digest every 5 s``: an interval task sending an email to the console backend.
     - ``demo: record every minute``: a ``* * * * *`` crontab in UTC.
-    - ``demo: one-off in 30 s``: a clocked one-off, recreated each time 30 s ahead of the
-      database clock (a one-off that ran once is over for good).
+    - ``demo: one-off in 30 s``: a clocked one-off, 30 s ahead of the database clock.
 
-    Runs still pending from an earlier demo are cancelled first (the tasks are disabled and the
-    ledger reconciled), so a restart does not dispatch a stale, very late run.
+    Called once the replicas run (``_retire_previous_tasks`` went before them): the interval's
+    first slot is 5 s after this save, and a slot due before any replica was up would be
+    dispatched seconds late.
     """
     every_5s, _ = IntervalSchedule.objects.get_or_create(every=5, period=IntervalSchedule.SECONDS)
     every_minute, _ = CrontabSchedule.objects.get_or_create(
@@ -480,15 +500,7 @@ def _example_tasks() -> list[str]:
             "kwargs": '{"label": "every minute"}',
         },
     }
-    one_off = f"{PREFIX}one-off in 30 s"
-    PeriodicTask.objects.filter(name__startswith=PREFIX).update(enabled=False)
-    ledger.reconcile(timedelta(seconds=conf.misfire_grace_seconds))
-
-    for task in PeriodicTask.objects.filter(name=one_off).select_related("clocked"):
-        clocked = task.clocked
-        task.delete()
-        if clocked is not None and not clocked.periodictask_set.exists():
-            clocked.delete()
+    one_off = ONE_OFF
     clocked = ClockedSchedule.objects.create(
         clocked_time=ledger.database_now() + timedelta(seconds=30)
     )
