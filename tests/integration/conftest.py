@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -95,6 +96,22 @@ def make_due(task) -> Run:
     if task.solar_id is None:  # a solar event's next one is computed from a minute after
         assert slots.next_run(task, moved.scheduled_for - timedelta(microseconds=1)) == slot
     return moved
+
+
+def unfinished_run(
+    task: PeriodicTask, status: str = Run.Status.RUNNING, age: float = 5.0, *,
+    trigger: str = Run.Trigger.SCHEDULE, guarded: bool = False,
+) -> Run:
+    """An unfinished run of ``task`` (``status``: dispatched, running or retrying) dispatched
+    ``age`` seconds ago on the database clock, with a task id of its own; ``guarded``: started by
+    the worker guard (one execution) unless still dispatched."""
+    now = ledger.database_now()
+    return Run.objects.create(
+        periodic_task=task, periodic_task_name=task.name, task=task.task,
+        scheduled_for=now - timedelta(seconds=age), trigger=trigger, status=status,
+        dispatched_at=now - timedelta(seconds=age), task_id=str(uuid.uuid4()),
+        executions=1 if guarded and status != Run.Status.DISPATCHED else 0,
+    )
 
 
 def _latest_slot_at_or_before(task: PeriodicTask, now: datetime) -> datetime:

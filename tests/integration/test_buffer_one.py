@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 
 from scheduling import ledger, metrics
 from scheduling.models import Run, TaskPolicy
-from tests.integration.conftest import claim, claim_in_flight, make_due
+from tests.integration.conftest import claim, claim_in_flight, make_due, unfinished_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,13 +30,7 @@ def _buffer_task(make_task, stale: int | None = None):
 
 def _busy(task, status: str = Run.Status.RUNNING, age: float = 5.0) -> Run:
     """An unfinished manual run of ``task`` dispatched ``age`` s ago, started by the guard."""
-    now = ledger.database_now()
-    return Run.objects.create(
-        periodic_task=task, periodic_task_name=task.name, task=task.task,
-        scheduled_for=now - timedelta(seconds=age), trigger=Run.Trigger.MANUAL, status=status,
-        dispatched_at=now - timedelta(seconds=age), task_id=str(uuid.uuid4()),
-        executions=0 if status == Run.Status.DISPATCHED else 1,
-    )
+    return unfinished_run(task, status, age, trigger=Run.Trigger.MANUAL, guarded=True)
 
 
 def _buffered(make_task, recorder) -> tuple[Run, Run]:

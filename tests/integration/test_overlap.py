@@ -11,19 +11,10 @@ from django.test.utils import CaptureQueriesContext, override_settings
 
 from scheduling import ledger, slots
 from scheduling.models import Run, TaskPolicy
-from tests.integration.conftest import GRACE, claim, make_due
+from tests.integration.conftest import claim, make_due, unfinished_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-
-def _unfinished(task, status: str = Run.Status.RUNNING, age: float = 5.0) -> Run:
-    now = ledger.database_now()
-    return Run.objects.create(
-        periodic_task=task, periodic_task_name=task.name, task=task.task,
-        scheduled_for=now - timedelta(seconds=age), trigger=Run.Trigger.SCHEDULE, status=status,
-        dispatched_at=now - timedelta(seconds=age), task_id=str(uuid.uuid4()),
-    )
 
 
 def _skip_task(make_task, stale: int | None = None):
@@ -37,9 +28,9 @@ def _skip_task(make_task, stale: int | None = None):
 @pytest.mark.parametrize(
     "status", [Run.Status.DISPATCHED, Run.Status.RUNNING, Run.Status.RETRYING]
 )
-def test_skip_records_skipped_while_the_previous_run_is_unfinished(make_task, recorder, status):
+def test_skip_records_skipped_while_the_previous_run_isunfinished_run(make_task, recorder, status):
     task = _skip_task(make_task)
-    previous = _unfinished(task, status)
+    previous = unfinished_run(task, status)
     run = make_due(task)
 
     claim(recorder)
@@ -58,7 +49,7 @@ def test_skip_records_skipped_while_the_previous_run_is_unfinished(make_task, re
 
 def test_a_finished_previous_run_does_not_block(make_task, recorder):
     task = _skip_task(make_task)
-    _unfinished(task, Run.Status.SUCCEEDED)
+    unfinished_run(task, Run.Status.SUCCEEDED)
     run = make_due(task)
     claim(recorder)
     assert Run.objects.get(pk=run.pk).status == Run.Status.DISPATCHED
@@ -68,7 +59,7 @@ def test_a_finished_previous_run_does_not_block(make_task, recorder):
 def test_allow_dispatches_overlapping_runs(make_task, recorder):
     task = make_task(every=3600)
     TaskPolicy.objects.create(periodic_task=task, overlap_policy=TaskPolicy.Overlap.ALLOW)
-    _unfinished(task)
+    unfinished_run(task)
     run = make_due(task)
     claim(recorder)
     assert Run.objects.get(pk=run.pk).status == Run.Status.DISPATCHED
@@ -76,7 +67,7 @@ def test_allow_dispatches_overlapping_runs(make_task, recorder):
 
 def test_a_stale_unfinished_run_no_longer_blocks_per_task_bound(make_task, recorder):
     task = _skip_task(make_task, stale=30)
-    _unfinished(task, age=31)
+    unfinished_run(task, age=31)
     run = make_due(task)
     claim(recorder)
     assert Run.objects.get(pk=run.pk).status == Run.Status.DISPATCHED
@@ -85,8 +76,8 @@ def test_a_stale_unfinished_run_no_longer_blocks_per_task_bound(make_task, recor
 @override_settings(SCHEDULING_OVERLAP_STALE_SECONDS=20)
 def test_the_global_staleness_bound_applies_without_a_per_task_one(make_task, recorder):
     blocked, free = _skip_task(make_task), _skip_task(make_task)
-    _unfinished(blocked, age=10)
-    _unfinished(free, age=21)
+    unfinished_run(blocked, age=10)
+    unfinished_run(free, age=21)
     runs = {t.pk: make_due(t) for t in (blocked, free)}
     claim(recorder)
     assert Run.objects.get(pk=runs[blocked.pk].pk).status == Run.Status.SKIPPED
@@ -95,7 +86,7 @@ def test_the_global_staleness_bound_applies_without_a_per_task_one(make_task, re
 
 def test_manual_runs_are_not_subject_to_the_overlap_policy(make_task, recorder):
     task = _skip_task(make_task)
-    _unfinished(task)
+    unfinished_run(task)
     manual = ledger.request_run(task)
     claim(recorder)
     assert Run.objects.get(pk=manual.pk).status == Run.Status.DISPATCHED
@@ -124,7 +115,7 @@ def test_the_claim_costs_the_same_queries_for_two_tasks_or_eight(make_task, reco
     def queries(n: int) -> int:
         tasks = [_skip_task(make_task) for _ in range(n)]
         for task in tasks[::2]:
-            _unfinished(task)
+            unfinished_run(task)
         for task in tasks:
             make_due(task)
         with CaptureQueriesContext(connection) as captured:
