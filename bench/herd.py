@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db import connection
 from django_celery_beat.models import ClockedSchedule, CrontabSchedule, PeriodicTask
 
 from bench import data, scenarios
@@ -192,9 +193,17 @@ def _wait_executed(deployment, task_ids: set[str], size: int) -> None:
 
 
 def _forget(tasks: list[int]) -> None:
+    """Delete the herd's runs, tasks and orphaned clocked rows, a statement each: the deployment
+    is stopped, so no replica needs django-celery-beat's per-task delete signal (a locked read
+    and a write of the change marker per task or clocked row, 11,000 statements for a herd of
+    3,000)."""
     Run.objects.filter(periodic_task_id__in=tasks).delete()
-    PeriodicTask.objects.filter(pk__in=tasks).delete()
-    ClockedSchedule.objects.filter(periodictask__isnull=True).delete()
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM django_celery_beat_periodictask WHERE id = ANY(%s)", [tasks])
+        cursor.execute(
+            "DELETE FROM django_celery_beat_clockedschedule AS c WHERE NOT EXISTS"
+            " (SELECT 1 FROM django_celery_beat_periodictask AS t WHERE t.clocked_id = c.id)"
+        )
 
 
 def _outcome(kind, size, runs, seen, executions, held) -> Outcome:
