@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -308,16 +309,17 @@ def test_a_buffered_publish_to_a_declared_queue_skips_kombus_declaration_and_ret
             expected.append(_read(app, queue))
         declarations.clear()  # beat's publishes declared the queue too: count ours only
         conn.declared_entities.clear()
-        with producer.batch():
+        batch = getattr(producer, "batch", None)  # kombu 5.7 and later
+        with batch() if batch is not None else nullcontext():
             for message in messages:
                 publisher.publish(producer, message, reject_unknown=False, timeout=5.0,
                                   buffered=buffered)
         got = [_read(app, queue) for _ in messages]
     assert [_differences(want, have) for want, have in zip(expected, got)] == [{}] * 3
     assert [message["body"][0] for message in got] == [[0], [1], [2]]
-    if settings.CELERY_BROKER_URL.startswith("redis"):
+    if settings.CELERY_BROKER_URL.startswith("redis") and batch is not None:
         assert buffered is True
         assert declarations == [queue]  # the first publish only
-    else:  # AMQP and the SQL transport publish each message at once: every one declares
+    else:  # AMQP, the SQL transport and kombu before 5.7 publish each message at once
         assert buffered is False
         assert declarations == [queue] * 3
