@@ -228,8 +228,8 @@ def test_the_edit_history_changelist_counts_entries(staff, make_task):
         make_task(every=60, name=f"counted {n}")  # one entry each: created
     assert TaskHistory.objects.count() == 3
     html = staff.get(reverse("admin:scheduling_taskhistory_changelist")).content.decode()
-    paginator = html.split('<p class="paginator">', 1)[1].split("</p>", 1)[0]
-    assert paginator.strip() == "3 edit history entries"
+    # The count's own line in the paginator (a <p> to Django 5.2, a <nav> from 6.0)
+    assert re.findall(r"^\d+ edit history.*$", html, re.MULTILINE) == ["3 edit history entries"]
 
 
 def test_health_pages_keep_their_window(staff):
