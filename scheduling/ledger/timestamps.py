@@ -25,6 +25,9 @@ from psycopg.postgres import types
 from psycopg.pq import Format
 
 TIMESTAMPTZ = types["timestamptz"].oid
+#: psycopg's default text loader of timestamptz: the compiled one where psycopg's binary (or C)
+#: package is installed, else its Python one.
+_COMPILED = psycopg.adapters.get_loader(TIMESTAMPTZ, Format.TEXT)
 
 
 class UtcTimestamptzLoader(Loader):
@@ -39,8 +42,7 @@ class UtcTimestamptzLoader(Loader):
 
     def __init__(self, oid: int, context: Any = None) -> None:
         super().__init__(oid, context)
-        compiled = psycopg.adapters.get_loader(TIMESTAMPTZ, Format.TEXT)
-        self._load = compiled(oid, context).load
+        self._load = _COMPILED(oid, context).load
 
     def load(self, data: Any) -> datetime:
         """One value, as the server sent it in the session's ``TimeZone`` (UTC)."""

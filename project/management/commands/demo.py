@@ -3,9 +3,9 @@
 The demo migrates, creates an ``admin`` login, starts N ``celery beat`` replicas (all running
 ``LedgerScheduler``), one worker and the admin as child processes, then creates three example
 periodic tasks (once the replicas run, so their first runs are on time), and every few seconds
-prints a summary read from the run ledger: runs dispatched per
-replica, duplicates (must be 0), outcomes and lateness, and, as a check independent of the
-ledger, how many executions the worker's own log shows and whether any task id ran twice.
+prints a summary read from the run ledger: runs dispatched per replica, duplicates (must be 0),
+outcomes and lateness, and, as a check independent of the ledger, how many executions the
+worker's own log shows and whether any task id ran twice.
 ``--kill-replica`` SIGKILLs, after about 15 s, the replica that has dispatched the most runs so
 far, so the others visibly take over its work. It stops on Ctrl-C or after ``--duration``.
 
@@ -500,11 +500,10 @@ def _example_tasks() -> list[str]:
             "kwargs": '{"label": "every minute"}',
         },
     }
-    one_off = ONE_OFF
     clocked = ClockedSchedule.objects.create(
         clocked_time=ledger.database_now() + timedelta(seconds=30)
     )
-    specs[one_off] = {
+    specs[ONE_OFF] = {
         "task": "project.tasks.record", "clocked": clocked, "one_off": True,
         "kwargs": '{"label": "one-off"}',
     }
