@@ -18,6 +18,19 @@ from scheduling.models import Run
 from scheduling.outcomes import status_badge
 
 
+class ReplicaFilter(admin.AllValuesFieldListFilter):
+    """The runs list's "By replica" filter: runs no replica has claimed yet (``claimed_by``
+    empty: pending, missed, cancelled) are offered as "not claimed", where Django's filter
+    shows an empty link."""
+
+    def choices(self, changelist: Any) -> Any:
+        blank = changelist.get_query_string({self.lookup_kwarg: ""}, [self.lookup_kwarg_isnull])
+        for choice in super().choices(changelist):
+            if choice["query_string"] == blank:  # display "" or, with facets, " (3)"
+                choice = {**choice, "display": "not claimed" + choice["display"]}
+            yield choice
+
+
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
     """The ledger: every run, its outcome and timings; nothing can be added, changed, deleted."""
@@ -34,7 +47,7 @@ class RunAdmin(ReadOnlyAdmin):
         "display_runtime",
         "display_counts",
     )
-    list_filter = ("status", "trigger", "periodic_task_name", "claimed_by")
+    list_filter = ("status", "trigger", "periodic_task_name", ("claimed_by", ReplicaFilter))
     date_hierarchy = "scheduled_for"
     search_fields = (
         "periodic_task_name", "task", "task_id", "reason", "error", "worker", "claimed_by"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC
 
 import pytest
@@ -90,6 +91,26 @@ def test_periodic_task_page_shows_recent_runs(admin_client_, make_task, recorder
     )
     assert f"<td>{shown}</td>" in page  # as in the runs list: UTC, to the millisecond
 
+
+def test_runs_replica_filter_names_unclaimed_runs(admin_client_, make_task, recorder):
+    """A run no replica claimed yet is offered as "not claimed", not as an empty link."""
+    from scheduling import ledger
+
+    claimed, waiting = make_task(every=3600), make_task(every=3600)
+    ledger.request_run(claimed)
+    claim(recorder, replica_id="replica-7")
+    ledger.request_run(waiting)
+    url = reverse("admin:scheduling_run_changelist")
+    body = admin_client_.get(url).content.decode()
+    links = re.findall(r'<a href="\?claimed_by=([^"]*)"[^>]*>([^<]*)</a>', body)
+    assert links == [("", "not claimed"), ("replica-7", "replica-7")]
+    shown = admin_client_.get(url, {"claimed_by": ""}).content.decode()
+    assert shown.count('<td class="field-display_replica">') == 1  # the waiting run only
+
+
+def test_the_example_projects_root_is_the_admin(client):
+    response = client.get("/")
+    assert (response.status_code, response["Location"]) == (302, reverse("admin:index"))
 
 def _backfill_action(client, task, **range_):
     data = {"action": "backfill_tasks", "_selected_action": [task.pk], **range_}

@@ -62,6 +62,11 @@ KILL_RETRY = 1.0
 #: ``claimed_by`` of a run a worker adopted (its replica's claim rolled back after publishing).
 ADOPTED = "adopted"
 STOP_TIMEOUT = 10.0
+#: The demo's last line on the embedded defaults: the server outlives it (the next demo or test
+#: run joins it); ``./run stop`` stops it.
+EMBEDDED_LEFT_RUNNING = (
+    "the embedded PostgreSQL ({pgdata}) keeps running for the next run; ./run stop stops it"
+)
 #: What each kind of child logs once it is ready, and how long the start-up waits for it.
 READY = {"replica": "beat: Starting...", "worker": "ready.", "admin": "Quit the server with"}
 READY_TIMEOUT = 60.0
@@ -181,6 +186,8 @@ class Command(BaseCommand):
                 f"mean {statistics.fmean(final.lateness):.3f} s over {len(final.lateness)} "
                 "scheduled runs"
             )
+        if not os.environ.get("DATABASE_URL"):
+            self.say(EMBEDDED_LEFT_RUNNING.format(pgdata=embedded.pg_dir()))
         died = [c.name for c in self.children if not c.expected_exit and c.process.returncode]
         if final.duplicates or final.repeated:
             raise CommandError(
