@@ -231,14 +231,14 @@ def _burst_raw(bench: Bench, tasks: list[int]) -> tuple[float, float, float, flo
             Queue(name, routing_key=name)(conn.default_channel).declare()  # before the clock
             producer = conn.Producer(serializer="json")
             prepared = [
-                app.amqp.as_task_v2(m.options["task_id"], m.name, m.args, m.kwargs)
+                app.amqp.as_task_v2(m.options["task_id"], m.task, m.args, m.kwargs)
                 for m in messages
             ]
             started, used = time.perf_counter(), time.process_time()
             for message, task in zip(messages, prepared, strict=True):
                 if celery:
                     app.send_task(
-                        message.name, args=message.args, kwargs=message.kwargs,
+                        message.task, args=message.args, kwargs=message.kwargs,
                         producer=producer, **{**message.options, "queue": name},
                     )
                 else:

@@ -45,7 +45,7 @@ def _sync_entry(name: str, entry: dict[str, Any]) -> None:
     model_schedule, model_field = _model_schedule(
         schedules.maybe_schedule(entry["schedule"]), existing
     )
-    fields: dict[str, Any] = ModelEntry._unpack_options(**(entry.get("options") or {}))
+    fields = _option_fields(entry.get("options") or {})
     fields.update(
         task=entry["task"],
         args=dumps(entry.get("args") or []),
@@ -59,6 +59,20 @@ def _sync_entry(name: str, entry: dict[str, Any]) -> None:
             PeriodicTask.objects.update_or_create(name=name, defaults=fields)
     except IntegrityError:  # created meanwhile outside the sync lock (the admin, a script)
         logger.debug("beat_schedule entry %r created by someone else", name)
+
+
+def _option_fields(options: dict[str, Any]) -> dict[str, Any]:
+    """The ``PeriodicTask`` fields of a beat_schedule entry's ``options``, stored as
+    django-celery-beat's ``DatabaseScheduler`` stores them (``headers`` as JSON); the other
+    options are not kept there, as in stock beat."""
+    return {
+        "queue": options.get("queue"),
+        "exchange": options.get("exchange"),
+        "routing_key": options.get("routing_key"),
+        "priority": options.get("priority"),
+        "headers": dumps(options.get("headers") or {}),
+        "expire_seconds": options.get("expire_seconds"),
+    }
 
 
 def _model_schedule(schedule: Any, existing: PeriodicTask | None) -> tuple[Any, str]:

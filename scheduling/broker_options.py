@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The Celery settings ``send_task`` reads at every publish (Celery 5.7), and those the replica's
-#: ``publisher.RunPublisher`` reads to build a message (a template, or a run with an expiry).
+#: The Celery settings ``send_task`` reads at every publish (Celery 5.7): a replica publishes
+#: every run with it.
 PUBLISH_SETTINGS = (
     "task_always_eager", "task_repr_maxlevels", "task_send_sent_event",
     "broker_pool_acquire_timeout", "task_default_queue", "task_protocol",

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from functools import cached_property, partial
 from typing import Any
 
+from celery.beat import ScheduleEntry
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django_celery_beat.schedulers import DatabaseScheduler
 from kombu.exceptions import OperationalError as KombuOperationalError
@@ -37,7 +38,7 @@ from scheduling.conf import conf
 from scheduling.exceptions import PublishFailed, describe
 from scheduling.models import Run
 from scheduling.overdue_watch import OverdueWatch
-from scheduling.publisher import RunPublisher
+from scheduling.publisher import PUBLISH_RETRY_POLICY, RunPublisher
 from scheduling.replicas import Heartbeat
 from scheduling.run_message import Message
 
@@ -95,7 +96,8 @@ class LedgerScheduler(DatabaseScheduler):
         super().__init__(*args, **kwargs)
         self.max_interval = cadences.MAX_INTERVAL
         pin_publish_settings(self.app)
-        self._runs = RunPublisher(self.app)
+        self.app.conf.task_publish_retry_policy = PUBLISH_RETRY_POLICY
+        self._runs = RunPublisher(self)
         # Register the project's tasks (autodiscovery) so unknown task names can be told apart.
         self.app.loader.import_default_modules()
 
@@ -107,9 +109,9 @@ class LedgerScheduler(DatabaseScheduler):
     def setup_schedule(self) -> None:
         """Sync ``CELERY_BEAT_SCHEDULE`` into periodic tasks; an unchanged entry writes nothing.
 
-        Also opens the metrics port when configured, and warns once when ``task_always_eager`` is
-        on: here, not in ``__init__``, because beat's start-up banner builds a second, lazy
-        scheduler that never sets up its schedule.
+        Also opens the metrics port when configured, and when ``task_always_eager`` is on warns
+        once and turns it off in this process: here, not in ``__init__``, because beat's start-up
+        banner builds a second, lazy scheduler that never sets up its schedule.
         """
         if conf.metrics_port is not None:
             metrics.serve(conf.metrics_port, conf.metrics_addr)
@@ -119,11 +121,34 @@ class LedgerScheduler(DatabaseScheduler):
                 " worker to run, but tasks your code calls with .delay() run inline, without a"
                 " worker or the ledger", extra={"action": "always_eager"},
             )
+            # Off in this process: beat's apply_async would run each run inline, inside the
+            # replica's claim transaction, with no worker and no guard.
+            self.app.conf.task_always_eager = False
         if self.app.conf.beat_schedule:
             sync_beat_schedule(self.app.conf.beat_schedule)
 
     def install_default_entries(self, data: Any) -> None:
         """Add nothing: result cleanup is configured like any other periodic task."""
+
+    def apply_async(
+        self, entry: ScheduleEntry, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
+        """Send ``entry``'s message as Celery beat does (``Scheduler.apply_async``: the registered
+        task's ``apply_async``, else ``send_task``, with Celery's own beat headers).
+
+        Called by ``apply_entry`` for each run a claim or redelivery publishes
+        (``publisher.RunPublisher``), so what wraps either method sees every run. Never advances
+        ``entry``'s schedule: the ledger decides what is due. Returns Celery's AsyncResult;
+        raises beat's SchedulingError when the publish failed, after telling the publisher,
+        since ``apply_entry`` only logs the error and the run's claim must roll back.
+        """
+        try:
+            result = super().apply_async(entry, producer=producer, advance=False, **kwargs)
+        except Exception as exc:
+            self._runs.failed(entry, exc)
+            raise
+        self._runs.sent(entry)
+        return result
 
     def sync(self) -> None:
         """Nothing to write back here: every dispatch is committed when it happens, and the
@@ -356,14 +381,11 @@ class LedgerScheduler(DatabaseScheduler):
         return batch()
 
     def _publisher(self) -> Callable[[Message], None]:
-        """``RunPublisher.publish`` on this replica's producer, with the settings it reads taken
-        once, for one claim or redelivery pass (a setting read costs microseconds; a claim
-        publishes up to ``cadences.BATCH_SIZE``). Called inside ``_publish_batch``: where the
-        transport buffers, each publish only adds to the batch (``buffered``)."""
+        """``RunPublisher.publish`` on this replica's producer, with the setting it reads taken
+        once, for one claim or redelivery pass. Called inside ``_publish_batch``: where the
+        transport buffers, each publish only adds to the batch, which the claim flushes."""
         return partial(
-            self._runs.publish, self.producer,
-            reject_unknown=conf.reject_unknown_tasks, timeout=cadences.BROKER_TIMEOUT,
-            buffered=bool(getattr(self.producer, "supports_batch_publish", False)),
+            self._runs.publish, self.producer, reject_unknown=conf.reject_unknown_tasks
         )
 
     def _recovered(self) -> None:
@@ -405,7 +427,6 @@ class LedgerScheduler(DatabaseScheduler):
     def _reset_producer(self) -> None:
         """Drop the broker connection so the next publish reconnects."""
         self.__dict__.pop("producer", None)
-        self._runs.forget_channel()
         broker = self.__dict__.pop("connection", None)
         if broker is not None:
             try:

@@ -142,7 +142,7 @@ class Deployment(Processes):
 
         message = build_message(run, run.periodic_task)  # type: ignore[attr-defined]
         options = {**message.options, "queue": self.queue}
-        app.send_task(message.name, args=message.args, kwargs=message.kwargs, **options)
+        app.send_task(message.task, args=message.args, kwargs=message.kwargs, **options)
 
 
 def broker_is_redis() -> bool:

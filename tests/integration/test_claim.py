@@ -116,7 +116,7 @@ def test_dispatch_plans_the_following_slot_and_updates_the_task(make_task, recor
     task.refresh_from_db()
     assert (task.last_run_at, task.total_run_count) == (run.scheduled_for, 1)
     message = recorder.messages[0]
-    assert message.name == "project.tasks.record"
+    assert (message.name, message.task) == (task.name, "project.tasks.record")
     assert message.options["headers"]["periodic_task_name"] == task.name
     assert message.options["headers"]["scheduled_for"] == run.scheduled_for.isoformat()
     assert message.options["task_id"] == run.task_id

@@ -1,33 +1,40 @@
-"""What a replica publishes is what Celery beat would have published for the same run.
+"""What a replica publishes is what stock Celery beat publishes for the same periodic task.
 
-``publisher.RunPublisher`` builds each task definition's message once and sends every run as a
-copy with the run's ids and headers (issue 17). Each case publishes the same run twice on the
-configured broker (Redis, RabbitMQ, kombu's SQL transport): once as Celery beat does (the
-registered task's ``apply_async``, else ``send_task``, with the run's options), once through the
-publisher, and reads both messages back: headers, properties, body, exchange and routing key must
-be equal, but for the transport's own delivery tag and an expiry's seconds counted from each
-publish. Two runs of each definition go through the publisher: the second comes from the kept
-template.
+Each case makes one periodic task due and lets a ``LedgerScheduler`` tick publish its run on the
+configured broker (Redis, RabbitMQ, kombu's SQL transport); then stock beat sends the same
+periodic task: django-celery-beat's ``ModelEntry`` of it through ``celery.beat.Scheduler``'s own
+``apply_async``, on the installed Celery (5.7 adds ``celery_beat_task``). Both messages are read
+back; their headers, properties, body, exchange and routing key must be equal, field by field,
+but for the task id, times (an expiry, Celery's ETA) and the ledger's own headers.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from contextlib import nullcontext
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, beat
 from django.conf import settings
-from kombu import Connection, Exchange, Producer, Queue
+from django_celery_beat.schedulers import ModelEntry
+from kombu import Connection, Exchange, Queue
 
-from scheduling.publisher import PUBLISH_RETRY_POLICY, RunPublisher
-from scheduling.run_message import Message
+from scheduling import ledger
+from scheduling.models import Run
+from scheduling.run_message import HEADER_RUN, HEADER_SCHEDULED_FOR
+from scheduling.schedulers import LedgerScheduler
 from tests.acceptance.deployment import delete_queue
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db(transaction=True)]  # SQL transport: tables
+
+#: Fields that name the run (its task id) or a time, and the ledger's own headers.
+RUN_FIELDS = {
+    "headers.id", "headers.root_id", "properties.correlation_id", "headers.expires",
+    "headers.eta", "expiration", "body.id", "body.expires", f"headers.{HEADER_RUN}",
+    f"headers.{HEADER_SCHEDULED_FOR}",
+}
 
 
 def _name(prefix: str) -> str:
@@ -61,37 +68,7 @@ def _app(queue: str, **conf: Any) -> Celery:
     return app
 
 
-def _message(name: str, args: list[Any], kwargs: dict[str, Any], **options: Any) -> Message:
-    """A run's message as ``messages.build_message`` makes it: a fresh task id and run headers."""
-    task_id = str(uuid.uuid4())
-    headers = {
-        "scheduling_run": uuid.uuid4().int % 10**9,
-        "periodic_task_name": f"every minute: {name}",
-        "scheduled_for": datetime.now(UTC).isoformat(),
-        **options.pop("task_headers", {}),
-    }
-    definition = (name, repr(args), repr(kwargs), *sorted(options.items()))
-    return Message(
-        name=name, args=args, kwargs=kwargs,
-        options={"task_id": task_id, "headers": headers, **options}, definition=definition,
-    )
-
-
-def _as_beat(app: Celery, producer: Any, message: Message) -> None:
-    """Publish ``message`` the way Celery beat sends an entry (``celery.beat.Scheduler``), with
-    the options the replica used to give ``send_task``."""
-    options = {
-        **message.options, "producer": producer, "retry": True,
-        "retry_policy": PUBLISH_RETRY_POLICY, "confirm_timeout": 5.0,
-    }
-    task = app.tasks.get(message.name)
-    if task is not None:
-        task.apply_async(message.args, message.kwargs, **options)
-    else:
-        app.send_task(message.name, args=message.args, kwargs=message.kwargs, **options)
-
-
-def _read(app: Celery, queue: str) -> dict[str, Any]:
+def _read(queue: str) -> dict[str, Any]:
     """The one message waiting in ``queue``, taken off it, as a worker would see it."""
     with Connection(settings.CELERY_BROKER_URL) as conn:
         got = Queue(queue).bind(conn.default_channel).get(no_ack=True, accept={"json", "pickle"})
@@ -100,34 +77,39 @@ def _read(app: Celery, queue: str) -> dict[str, Any]:
             k: v for k, v in got.properties.items()
             if k not in ("delivery_tag", "application_headers", "sqlpoll_row")
         }
-        expiration = properties.pop("expiration", None)  # milliseconds, a string
         info = got.delivery_info
         return {
             "headers": got.headers,
             "properties": properties,
-            "expiration": None if expiration is None else float(expiration) / 1000,
+            "expiration": properties.pop("expiration", None),
             "body": got.decode(),
             "content_type": got.content_type,
             "route": (info.get("exchange"), info.get("routing_key")),
         }
 
 
-def _compare(
-    app: Celery, queue: str, *messages: Message, publisher: RunPublisher | None = None
-) -> list[dict[str, Any]]:
-    """Publish each message as beat would, then through ``publisher`` (a new RunPublisher by
-    default); return ours as read back, once each equals beat's."""
-    publisher = publisher or RunPublisher(app)
-    pairs = []
+def _compare(app: Celery, where: str, make_task, **fields: Any) -> tuple[dict, dict, Run]:
+    """Publish one run of a new periodic task through a replica, then the task as stock beat
+    sends it, both read from queue ``where``; return (ours, stock's, the run) once they differ
+    only in ``RUN_FIELDS``."""
+    start = ledger.database_now() - timedelta(seconds=0.5)
+    task = make_task(every=3600, start_time=start, **fields)
+    replica = LedgerScheduler(app=app)
+    try:
+        for _ in range(3):
+            replica.tick()
+    finally:
+        replica.close()
+    run = Run.objects.get(periodic_task=task, status=Run.Status.DISPATCHED)
+    ours = _read(where)
+    task.refresh_from_db()
     with app.connection_for_write() as conn:
-        producer = conn.Producer()
-        for message in messages:
-            _as_beat(app, producer, message)
-            expected = _read(app, queue)
-            publisher.publish(producer, message, reject_unknown=False, timeout=5.0)
-            pairs.append((expected, _read(app, queue)))
-    assert [_differences(expected, got) for expected, got in pairs] == [{}] * len(pairs)
-    return [got for _, got in pairs]
+        beat.Scheduler(app=app, lazy=True).apply_async(
+            ModelEntry(task, app=app), producer=conn.Producer(), advance=False
+        )
+    stock = _read(where)
+    assert {k: v for k, v in _differences(stock, ours).items() if k not in RUN_FIELDS} == {}
+    return ours, stock, run
 
 
 def _differences(expected: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
@@ -137,189 +119,84 @@ def _differences(expected: dict[str, Any], got: dict[str, Any]) -> dict[str, Any
         want, have = expected.get(part), got.get(part)
         if isinstance(want, dict) and isinstance(have, dict):
             for key in want.keys() | have.keys():
-                if not _same(want.get(key, "<absent>"), have.get(key, "<absent>")):
+                if want.get(key, "<absent>") != have.get(key, "<absent>"):
                     found[f"{part}.{key}"] = (want.get(key, "<absent>"), have.get(key, "<absent>"))
-        elif not _same(want, have):
+        elif want != have:
             found[part] = (want, have)
     return found
 
 
-def _same(want: Any, have: Any) -> bool:
-    """Equal; for an expiry counted from each publish (seconds, or an ISO 8601 instant), within
-    the second between the two publishes."""
-    if isinstance(want, float) and isinstance(have, float):
-        return abs(want - have) < 1
-    if isinstance(want, str) and isinstance(have, str) and want != have:
-        try:
-            return abs(datetime.fromisoformat(want) - datetime.fromisoformat(have)) < timedelta(1 / 86400)
-        except ValueError:
-            return False
-    return want == have
+def _beat_header(stock: dict[str, Any]) -> Any:
+    return stock["headers"].get("celery_beat_task", "<absent>")
 
 
-def test_a_runs_message_is_the_one_beat_sends_for_a_task_without_options(queue):
-    app = _app(queue)
-    sent = _compare(
-        app, queue,
-        _message("cases.plain", [1, "two"], {"three": 3}),
-        _message("cases.plain", [1, "two"], {"three": 3}),
+def test_a_runs_message_is_stock_beats_for_a_task_without_options(queue, make_task):
+    ours, stock, run = _compare(
+        _app(queue), queue, make_task, task="cases.plain", args="[1, \"two\"]",
+        kwargs='{"three": 3}',
     )
 
-    first, second = sent
-    assert first["headers"]["task"] == "cases.plain"
-    assert first["body"][:2] == [[1, "two"], {"three": 3}]
-    assert first["headers"]["id"] != second["headers"]["id"]
-    assert second["headers"]["root_id"] == second["headers"]["id"]
-    assert second["properties"]["correlation_id"] == second["headers"]["id"]
-    assert second["headers"]["periodic_task_name"] == "every minute: cases.plain"
+    assert ours["headers"]["task"] == "cases.plain"
+    assert ours["body"][:2] == [[1, "two"], {"three": 3}]
+    assert (ours["headers"]["id"], ours["headers"]["root_id"]) == (run.task_id, run.task_id)
+    assert ours["properties"]["correlation_id"] == run.task_id
+    assert ours["headers"]["periodic_task_name"] == run.periodic_task_name
+    assert ours["headers"][HEADER_SCHEDULED_FOR] == run.scheduled_for.isoformat()
+    assert ours["headers"][HEADER_RUN] == run.pk
+    assert stock["headers"]["id"] != run.task_id
+    # Celery 5.7's beat marks what beat sends; earlier Celery sends no such header
+    assert _beat_header(ours) == _beat_header(stock)
 
 
-def test_the_periodic_tasks_queue_priority_and_headers_are_kept(queue):
-    app = _app(_name("default"))  # not the run's: the periodic task names its queue
-    sent = _compare(
-        app, queue,
-        *[
-            _message("cases.plain", [], {}, queue=queue, priority=7, task_headers={"tenant": "a"})
-            for _ in range(2)
-        ],
+def test_the_periodic_tasks_queue_priority_and_headers_are_kept(queue, make_task):
+    ours, _, _ = _compare(
+        _app(_name("default")), queue, make_task, task="cases.plain", queue=queue, priority=7,
+        headers='{"tenant": "a"}',
     )
 
-    assert [m["headers"]["tenant"] for m in sent] == ["a", "a"]
-    assert sent[0]["properties"]["priority"] == 7
+    assert ours["headers"]["tenant"] == "a"
+    assert ours["properties"]["priority"] == 7
 
 
-def test_an_exchange_and_routing_key_of_the_periodic_task_route_the_message(queue):
+def test_an_exchange_and_routing_key_of_the_periodic_task_route_the_message(queue, make_task):
     exchange, key = _name("exchange"), _name("key")
     app = _app(queue, task_queues=[Queue(queue, Exchange(exchange, type="direct"), routing_key=key)])
-    sent = _compare(
-        app, queue,
-        *[_message("cases.plain", [], {}, exchange=exchange, routing_key=key) for _ in range(2)],
+    ours, _, _ = _compare(
+        app, queue, make_task, task="cases.plain", exchange=exchange, routing_key=key
     )
 
-    assert [m["route"] for m in sent] == [(exchange, key)] * 2
+    assert ours["route"] == (exchange, key)
 
 
-def test_an_expiry_is_sent_as_beat_sends_it(queue):
-    app = _app(queue)
-    at = datetime.now(UTC) + timedelta(seconds=90)
-    sent = _compare(
-        app, queue,
-        _message("cases.plain", [], {}, expires=at),
-        _message("cases.plain", [], {}, expires=45),
-        _message("cases.plain", [], {}),
-    )
+def test_an_expiry_is_sent_as_beat_sends_it(queue, make_task):
+    ours, stock, _ = _compare(_app(queue), queue, make_task, task="cases.plain", expire_seconds=90)
 
-    assert sent[0]["headers"]["expires"] == at.isoformat()
-    assert [None if m["expiration"] is None else round(m["expiration"]) for m in sent] == [
-        90, 45, None
-    ]
+    assert (ours["expiration"] is None, stock["expiration"] is None) == (False, False)
+    assert abs(float(ours["expiration"]) - float(stock["expiration"])) < 2_000  # milliseconds
 
 
-def test_the_tasks_own_execution_options_apply_under_the_periodic_tasks(queue):
-    app = _app(queue)
-    sent = _compare(
-        app, queue,
-        _message("cases.typed", [5], {}),
-        _message("cases.typed", [5], {}, expires=60),
-        _message("cases.typed", [5], {}),
-    )
+def test_the_tasks_own_execution_options_apply_under_the_periodic_tasks(queue, make_task):
+    ours, _, _ = _compare(_app(queue), queue, make_task, task="cases.typed", args="[5]")
 
-    assert [m["headers"]["timelimit"] for m in sent] == [[30, 20]] * 3
-    assert [m["headers"]["ignore_result"] for m in sent] == [True] * 3
-    assert [round(m["expiration"]) for m in sent] == [600, 60, 600]
+    assert ours["headers"]["timelimit"] == [30, 20]
+    assert ours["headers"]["ignore_result"] is True
 
 
-def test_task_routes_are_asked_for_every_run(queue):
-    other = _name("other")
-    answer = {"queue": queue}
-
-    def route(name, args, kwargs, options, task=None, **kw):
-        return dict(answer)
-
-    app = _app(_name("default"), task_routes=[route])
-    publisher = RunPublisher(app)
-    try:
-        sent = _compare(app, queue, _message("cases.plain", [], {}), publisher=publisher)
-        answer["queue"] = other
-        with app.connection_for_write() as conn:
-            publisher.publish(
-                conn.Producer(), _message("cases.plain", [], {}), reject_unknown=False, timeout=5
-            )
-        moved = _read(app, other)
-    finally:
-        delete_queue(other)
-
-    assert sent[0]["route"][1] == queue
-    assert (moved["headers"]["task"], moved["route"][1]) == ("cases.plain", other)
-
-
-def test_a_task_name_this_app_does_not_know_is_sent_as_send_task_sends_it(queue):
-    app = _app(queue, task_send_sent_event=True)
-    sent = _compare(
-        app, queue, *[_message("elsewhere.tasks.unknown", [1], {"a": None}) for _ in range(2)]
-    )
-
-    assert [m["headers"]["task"] for m in sent] == ["elsewhere.tasks.unknown"] * 2
-
-
-def test_task_protocol_1_builds_every_runs_message(queue):
-    app = _app(queue, task_protocol=1)
-    sent = _compare(app, queue, *[_message("cases.plain", [2], {}) for _ in range(2)])
-
-    assert [m["body"]["task"] for m in sent] == ["cases.plain"] * 2
-    assert sent[0]["body"]["id"] != sent[1]["body"]["id"]
-
-
-def test_past_templates_kept_the_cache_starts_again_and_messages_stay_the_same(
-    queue, monkeypatch
+def test_a_task_name_this_app_does_not_know_is_sent_as_send_task_sends_it(
+    queue, make_task, settings
 ):
-    monkeypatch.setattr("scheduling.publisher.TEMPLATES_KEPT", 2)
-    app = _app(queue)
-    publisher = RunPublisher(app)
-    sent = _compare(
-        app, queue, *[_message("cases.plain", [i], {}) for i in range(3)], publisher=publisher
+    settings.SCHEDULING_REJECT_UNKNOWN_TASKS = False
+    ours, _, _ = _compare(
+        _app(queue, task_send_sent_event=True), queue, make_task, task="elsewhere.tasks.unknown",
+        args="[1]", kwargs='{"a": null}',
     )
 
-    assert [m["body"][0] for m in sent] == [[0], [1], [2]]
-    assert len(publisher._templates) == 1  # the third definition's, in a cache started again
+    assert ours["headers"]["task"] == "elsewhere.tasks.unknown"
 
 
-def test_a_buffered_publish_to_a_declared_queue_skips_kombus_declaration_and_retry(
-    queue, monkeypatch
-):
-    """In a batch of a transport that buffers (Redis), the first message declares the queue and
-    every later one goes straight into the batch; each message is still the one beat sends."""
-    app = _app(queue)
-    declarations = []
-    declare = Producer.maybe_declare
+def test_task_protocol_1_sends_the_run_as_stock_beat_does(queue, make_task):
+    ours, _, run = _compare(
+        _app(queue, task_protocol=1), queue, make_task, task="cases.plain", args="[2]"
+    )
 
-    def counting(self: Any, entity: Any, *args: Any, **kwargs: Any) -> Any:
-        declarations.append(getattr(entity, "name", entity))
-        return declare(self, entity, *args, **kwargs)
-
-    monkeypatch.setattr(Producer, "maybe_declare", counting)
-    publisher = RunPublisher(app)
-    messages = [_message("cases.plain", [n], {}) for n in range(3)]
-    with app.connection_for_write() as conn:
-        producer = conn.Producer()
-        buffered = bool(getattr(producer, "supports_batch_publish", False))
-        expected = []
-        for message in messages:
-            _as_beat(app, producer, message)
-            expected.append(_read(app, queue))
-        declarations.clear()  # beat's publishes declared the queue too: count ours only
-        conn.declared_entities.clear()
-        batch = getattr(producer, "batch", None)  # kombu 5.7 and later
-        with batch() if batch is not None else nullcontext():
-            for message in messages:
-                publisher.publish(producer, message, reject_unknown=False, timeout=5.0,
-                                  buffered=buffered)
-        got = [_read(app, queue) for _ in messages]
-    assert [_differences(want, have) for want, have in zip(expected, got)] == [{}] * 3
-    assert [message["body"][0] for message in got] == [[0], [1], [2]]
-    if settings.CELERY_BROKER_URL.startswith("redis") and batch is not None:
-        assert buffered is True
-        assert declarations == [queue]  # the first publish only
-    else:  # AMQP, the SQL transport and kombu before 5.7 publish each message at once
-        assert buffered is False
-        assert declarations == [queue] * 3
+    assert (ours["body"]["task"], ours["body"]["id"]) == ("cases.plain", run.task_id)
