@@ -122,7 +122,8 @@ def test_schema_sql_changes_nothing_in_a_database_migrated_from_zero():
 
 
 def test_the_migrations_hold_the_models_state():
-    """``makemigrations --check``: the models and migration 0001 say the same."""
+    """``manage.py makemigrations --check --dry-run scheduling``: the models and the migrations
+    say the same (a model changed without a migration fails here)."""
     out = StringIO()
     call_command("makemigrations", "scheduling", "--check", "--dry-run", stdout=out)
     assert out.getvalue() == "No changes detected in app 'scheduling'\n"

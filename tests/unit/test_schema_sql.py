@@ -55,7 +55,10 @@ def test_the_migrations_sql_files_are_the_frozen_ones():
         path.name: hashlib.sha256(path.read_bytes()).hexdigest()
         for path in sorted((MIGRATIONS / "sql").iterdir())
     }
-    assert digests == FROZEN
+    assert digests == FROZEN, (
+        "a migration's SQL file is frozen history: change the schema with a new migration "
+        "(docs/development.md, Changing the schema), and list a new file's digest in FROZEN"
+    )
 
 
 def test_no_migration_imports_the_app():
