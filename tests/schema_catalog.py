@@ -6,11 +6,12 @@ that is not a constraint's own (``pg_get_triggerdef``; the app's are the only on
 tables ``scheduling_*``: their columns (type, length, nullability, default, identity; by name, not
 position: a column added by a later migration of the old chain stands last), their indexes
 (``pg_indexes``) and constraints (``pg_get_constraintdef``). Two databases hold the same schema
-when their catalogs are equal.
+when their catalogs are equal; ``report`` says how two differ, as a diff of each definition.
 """
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import psycopg
@@ -74,3 +75,21 @@ def differences(
         if differing:
             found[kind] = differing
     return found
+
+
+def report(found: dict[str, dict[str, tuple[str | None, str | None]]], first: str,
+           second: str) -> str:
+    """Return ``differences``' result as text: per object, a unified diff of its definition in
+    the catalog named ``first`` against the one named ``second`` (an object only one has: all
+    its lines added or removed)."""
+    parts = []
+    for kind, objects in found.items():
+        for name, (a, b) in objects.items():
+            diff = difflib.unified_diff(
+                (a or "").splitlines(), (b or "").splitlines(),
+                f"{first}: {kind} {name}" + ("" if a is not None else " (absent)"),
+                f"{second}: {kind} {name}" + ("" if b is not None else " (absent)"),
+                lineterm="",
+            )
+            parts.append("\n".join(diff))
+    return "\n\n".join(parts)

@@ -1,13 +1,17 @@
-"""Overlap policy buffer_one (issue 33, point 5): the run status ``buffered``, ``Run.buffered_at``,
-at most one buffered run per task, a released buffered run outside the one-pending-per-task
-constraint, and schema.sql's block ``release_buffered`` (the trigger that makes a task's
-buffered run pending again when its unfinished run ends). Reverse: the function dropped with
-its triggers, then the model changes undone.
+"""Overlap policy buffer_one: the run status ``buffered``, ``Run.buffered_at``, at most one
+buffered run per task, a released buffered run outside the one-pending-per-task constraint, and
+the trigger that makes a task's buffered run pending again when its unfinished run ends
+(``sql/0002_buffer_one.sql``: schema.sql's block ``release_buffered`` as it stood when this
+migration was made). Reverse: the function dropped with its triggers, then the model changes
+undone.
 """
+
+from pathlib import Path
 
 from django.db import migrations, models
 
-from scheduling.sql import schema
+#: The SQL this migration runs, frozen in its own file (sql/ beside this module).
+_SQL = (Path(__file__).parent / "sql" / f"{Path(__file__).stem}.sql").read_text()
 
 _DROP = "DROP FUNCTION IF EXISTS scheduling_release_buffered() CASCADE;"
 
@@ -52,5 +56,5 @@ class Migration(migrations.Migration):
             model_name='run',
             constraint=models.UniqueConstraint(condition=models.Q(('status', 'buffered')), fields=('periodic_task',), name='scheduling_run_one_buffered_per_task'),
         ),
-        migrations.RunSQL(schema("release_buffered"), reverse_sql=_DROP),
+        migrations.RunSQL(_SQL, reverse_sql=_DROP),
     ]

@@ -1,5 +1,6 @@
-"""The edit history written in one statement per trigger call (issue 35, point 2): schema.sql's
-block ``history`` again, and the function it no longer has dropped.
+"""The edit history written in one statement per trigger call: schema.sql's block ``history`` as
+it stood when this migration was made, and the function it no longer calls dropped
+(``sql/0003_history_in_one_statement.sql``).
 
 scheduling_record_history used to hand the changed rows, as one jsonb array (in parts of about
 64 MB: the setting ``scheduling.history_part_bytes``), to ``scheduling_write_history``, which
@@ -11,11 +12,12 @@ makes each row's JSON once and finds its changed columns in one pass (about 13 m
 Reverse: the block as it stood (``_BEFORE``), which recreates the writer.
 """
 
+from pathlib import Path
+
 from django.db import migrations
 
-from scheduling.sql import schema
-
-_DROP_WRITER = "DROP FUNCTION IF EXISTS scheduling_write_history(text, text, jsonb);"
+#: The SQL this migration runs, frozen in its own file (sql/ beside this module).
+_SQL = (Path(__file__).parent / "sql" / f"{Path(__file__).stem}.sql").read_text()
 
 #: schema.sql's block ``history`` before this migration.
 _BEFORE = r"""
@@ -194,7 +196,5 @@ class Migration(migrations.Migration):
     dependencies = [("scheduling", "0002_buffer_one")]
 
     operations = [
-        migrations.RunSQL(
-            schema("history") + "\n\n" + _DROP_WRITER, reverse_sql=_BEFORE
-        ),
+        migrations.RunSQL(_SQL, reverse_sql=_BEFORE),
     ]

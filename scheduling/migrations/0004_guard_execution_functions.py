@@ -1,5 +1,6 @@
-"""The worker guard's start and outcome as two PL/pgSQL functions (issue 35, point 1): schema.sql's
-block ``guard_execution``.
+"""The worker guard's start and outcome as two PL/pgSQL functions: schema.sql's block
+``guard_execution`` as it stood when this migration was made
+(``sql/0004_guard_execution_functions.sql``).
 
 The guard wrote a first delivery's start and its outcome as one statement each, with CTEs
 (``start_execution`` and ``finish_execution`` of queries.sql). The same work in a function of two
@@ -10,9 +11,12 @@ queries.sql now calls the functions. A new block: migration 0001 does not run it
 Reverse: the functions dropped (the queries of an older checkout do not call them).
 """
 
+from pathlib import Path
+
 from django.db import migrations
 
-from scheduling.sql import schema
+#: The SQL this migration runs, frozen in its own file (sql/ beside this module).
+_SQL = (Path(__file__).parent / "sql" / f"{Path(__file__).stem}.sql").read_text()
 
 _DROP = """
 DROP FUNCTION IF EXISTS scheduling_start_execution(text, integer, text);
@@ -24,4 +28,4 @@ class Migration(migrations.Migration):
 
     dependencies = [("scheduling", "0003_history_in_one_statement")]
 
-    operations = [migrations.RunSQL(schema("guard_execution"), reverse_sql=_DROP)]
+    operations = [migrations.RunSQL(_SQL, reverse_sql=_DROP)]

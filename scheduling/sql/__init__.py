@@ -1,14 +1,14 @@
 """Every static SQL statement of the app, by name, from ``queries.sql`` beside this file; the
-app's functions and triggers, by name, from ``schema.sql``.
+reader of ``schema.sql``, the current state of the app's functions and triggers.
 
 ``queries["poll"]`` is the text of the block ``-- poll --``, ready for ``cursor.execute``. The
 file is read and the tables' names filled in on first use (Django must be set up then: the names
 are the models' ``db_table``), never at import. Statements whose text depends on the model's
 columns (the bulk writers) are composed with ``psycopg.sql`` in ``scheduling.sql.compose`` only.
 
-``schema("history")`` is the SQL of the block ``-- history --`` of ``schema.sql`` (``schema()``:
-every block, in the file's order), for a migration's ``RunSQL``: no names filled in, since a
-migration must not depend on what the models say later.
+``parse_schema(SCHEMA_FILE.read_text())["history"]`` is the SQL of the block ``-- history --`` of
+``schema.sql``. No migration reads that file: each runs the SQL frozen beside it
+(``scheduling/migrations/sql/``), and the tests check that the migrations reach the file.
 """
 
 from __future__ import annotations
@@ -55,19 +55,6 @@ def parse_schema(text: str) -> dict[str, str]:
             lines.pop(0)
         found[name] = "\n".join(lines).strip()
     return found
-
-
-def schema(*names: str) -> str:
-    """Return the SQL of the blocks ``names`` of ``schema.sql`` (all when none), in file order,
-    for a migration's ``RunSQL``.
-
-    Raises KeyError for a name the file does not have.
-    """
-    blocks = parse_schema(SCHEMA_FILE.read_text())
-    missing = [name for name in names if name not in blocks]
-    if missing:
-        raise KeyError(f"{SCHEMA_FILE.name} has no block {missing[0]!r}")
-    return "\n\n".join(sql for name, sql in blocks.items() if not names or name in names)
 
 
 def _blocks(text: str) -> dict[str, str]:

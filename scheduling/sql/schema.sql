@@ -1,14 +1,16 @@
--- What the scheduling app's schema holds beyond its models: every SQL function and trigger, and
--- the one constraint Django cannot declare. One block per name, loaded by scheduling.sql.schema.
+-- What the scheduling app's schema holds beyond its models, as it stands today: every SQL function
+-- and trigger, and the one constraint Django cannot declare. One block per name
+-- (scheduling.sql.parse_schema).
 --
--- The tables, columns, indexes and constraints are the models' (scheduling/models/), created by
--- the CreateModel operations of migration 0001, which then runs the blocks of this file, in its
--- order. A block starts with a line "-- name --", then comment lines saying what it is for, then
--- its statements. Every statement can run again on a database that has it already
--- (CREATE OR REPLACE), so a later migration that changes a block runs that block
--- (docs/development.md, Changing the schema). The tables' names are written out: a migration
--- must not depend on what the models say later. tests/integration/test_schema.py checks that a
--- migrated database holds exactly what this file and the models say;
+-- The tables, columns, indexes and constraints are the models' (scheduling/models/). No migration
+-- reads this file: each migration runs its own copy of the SQL it made, frozen in
+-- scheduling/migrations/sql/, so a database migrated today gets what one migrated back then got.
+-- A change here therefore needs a new migration carrying the changed block's new text, with the
+-- old text as its reverse (docs/development.md, Changing the schema). A block starts with a line
+-- "-- name --", then comment lines saying what it is for, then its statements. Every statement
+-- can run again on a database that has it already (CREATE OR REPLACE). The tables' names are
+-- written out. tests/integration/test_schema.py checks that a database migrated from zero holds
+-- exactly what this file and the models say (an edit here without a migration fails it);
 -- tests/acceptance/test_migrations.py that a database of the 22 migrations 0001 replaced holds
 -- the same once migrated by today's code.
 
@@ -42,7 +44,7 @@ AS $$ SELECT hashtextextended('scheduling.run:' || task_id || ':' || retries, 0)
 -- taken without waiting, then, when it was free, the dispatched run started) and its outcome
 -- (the run's final status by ledger.record_finished's rule, then, when held, the lock
 -- released). PL/pgSQL runs each as two steps of cached plans: a third less server CPU than the
--- same work as one statement with CTEs (0.8 against 1.3 ms a start and outcome, issue 35), which
+-- same work as one statement with CTEs (0.8 against 1.3 ms a start and outcome), which
 -- both sides of the herd share with every claim. The lock is taken before the update; the unlock
 -- comes after the run's row is locked by the outcome's update, so a redelivery that takes the
 -- freed lock waits for this transaction and finds the run finished. Parameters are positional

@@ -6,9 +6,10 @@ migrate`` in a child process builds a new database with it, as a deployment of t
 (its migrations import nothing of the app, so today's code runs them). Then ``migrate`` with
 today's code must apply nothing, ``showmigrations`` must show 0001 applied, and the database's
 functions, triggers, indexes, constraints and columns (``tests/schema_catalog.py``) and its
-recorded migrations must equal those of a new database migrated by today's 0001. A block of
-scheduling/sql/schema.sql changed without a migration that runs it fails here too: the upgraded
-database keeps the old definition.
+recorded migrations must equal those of a new database migrated by today's migrations (each
+runs its own frozen SQL, so both get the same). That those reach scheduling/sql/schema.sql is
+``tests/integration/test_schema.py``. The second test reverses every migration of the app to
+nothing and applies them again.
 """
 
 from __future__ import annotations

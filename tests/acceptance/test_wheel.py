@@ -115,7 +115,8 @@ def test_wheel_holds_the_app_only(wheel):
         if path.is_file() and "__pycache__" not in path.parts
     }
     assert "scheduling/migrations/0001_initial.py" in shipped
-    assert "scheduling/sql/schema.sql" in shipped  # migration 0001 runs it
+    assert "scheduling/migrations/sql/0001_initial.sql" in shipped  # migration 0001 runs it
+    assert "scheduling/sql/schema.sql" in shipped  # the current state, for the tests and readers
     assert "scheduling/templates/admin/scheduling/backfill.html" in shipped
     assert "scheduling/prometheus/alerts.yml" in shipped
     assert shipped - names == set()

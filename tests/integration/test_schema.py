@@ -1,16 +1,24 @@
-"""A migrated database holds exactly the models' schema and ``scheduling/sql/schema.sql``.
+"""A database migrated from zero holds exactly the models' schema and ``scheduling/sql/schema.sql``.
 
-As procrastinate's migration test compares a database built from its ``schema.sql`` with one
-built by its migrations, this compares two databases: the test database, which pytest-django
-built by running the migrations (0001), and one built without them, from what the code says
-today: the tables of django-celery-beat's and this app's models by Django's schema editor, then
-every block of schema.sql. Their functions (arguments, options and body text), triggers,
-indexes, constraints and columns (``tests/schema_catalog.py``) must be equal, and the functions
-and triggers must be the ones the file names. A function or trigger a migration creates outside
-the file, an index or constraint that the migration's state and the models build differently, the
-ledger's foreign key without its ON DELETE SET NULL: each fails here. That a database migrated by
-the 22 migrations 0001 replaced upgrades to the same schema (which also catches a block of
-schema.sql edited without a migration that runs it) is ``tests/acceptance/test_migrations.py``.
+Each migration runs the SQL frozen beside it (``scheduling/migrations/sql/``), never schema.sql,
+so schema.sql changed without a migration leaves a migrated database behind it, and this module
+fails. The test database, which pytest-django built by running every migration from zero, is
+compared twice (``tests/schema_catalog.py``: functions with their arguments, options and body
+text, triggers, indexes, constraints, columns):
+
+- with itself once every block of today's schema.sql has run on it (in a transaction rolled
+  back): the blocks are CREATE OR REPLACE, so they change nothing exactly when the migrations
+  reach the file; a function body edited in the file, a trigger or function added, the foreign
+  key's action changed, each shows up as a diff of the object's definition;
+- with a database built without migrations, from what the code says today (as procrastinate's
+  migration test compares a database built from its ``schema.sql`` with one built by its
+  migrations): the tables of django-celery-beat's and this app's models by Django's schema
+  editor, then every block of schema.sql. This also catches an index or constraint that the
+  migrations' state and the models build differently, and a function or trigger the migrations
+  create that the file no longer has.
+
+That a database migrated by the 22 migrations 0001 replaced upgrades to the same schema is
+``tests/acceptance/test_migrations.py``.
 """
 
 from __future__ import annotations
@@ -28,11 +36,18 @@ from django.db import connection, connections
 from psycopg import sql
 
 from scheduling.checks import check_squashed_migrations
-from scheduling.sql import SCHEMA_FILE, schema
+from scheduling.sql import SCHEMA_FILE, parse_schema
 from tests.conftest import connect_raw
-from tests.schema_catalog import catalog, differences
+from tests.schema_catalog import catalog, differences, report
 
 pytestmark = pytest.mark.django_db
+
+
+def schema_sql() -> list[str]:
+    """Today's schema.sql, every block in the file's order, as statements to execute."""
+    return connection.ops.prepare_sql_script(
+        "\n\n".join(parse_schema(SCHEMA_FILE.read_text()).values())
+    )
 
 
 @pytest.fixture
@@ -51,7 +66,7 @@ def built_from_the_code() -> Iterator[dict[str, dict[str, str]]]:
                     if model._meta.managed and not model._meta.proxy:
                         editor.create_model(model)
         with wrapper.cursor() as cursor:  # the foreign keys exist now, as in migration 0001
-            for statement in wrapper.ops.prepare_sql_script(schema()):
+            for statement in schema_sql():
                 cursor.execute(statement)
         with psycopg.connect(**{**_params(), "dbname": name}) as conn:
             yield catalog(conn)
@@ -78,7 +93,8 @@ def test_the_migrated_database_holds_exactly_the_models_and_schema_sql(built_fro
     assert {name.partition("(")[0] for name in migrated["functions"]} == named["functions"]
     assert {name.partition(".")[2] for name in migrated["triggers"]} == named["triggers"]
     assert (len(named["functions"]), len(named["triggers"])) == (11, 20)
-    assert differences(migrated, built_from_the_code) == {}
+    found = differences(migrated, built_from_the_code)
+    assert found == {}, report(found, "migrated", "built from the models and schema.sql")
     constraint = "scheduling_run.scheduling_run_periodic_task_id_9d64afac_fk_django_ce"
     assert migrated["constraints"][constraint] == (
         "f FOREIGN KEY (periodic_task_id) REFERENCES django_celery_beat_periodictask(id)"
@@ -86,8 +102,28 @@ def test_the_migrated_database_holds_exactly_the_models_and_schema_sql(built_fro
     )
 
 
+def test_schema_sql_changes_nothing_in_a_database_migrated_from_zero():
+    """An edit of schema.sql without a migration carrying it fails here, with its diff."""
+    with connect_raw() as conn:
+        migrated = catalog(conn)
+        with conn.transaction(force_rollback=True):
+            conn.execute("SET LOCAL lock_timeout = '10s'")
+            for statement in schema_sql():
+                conn.execute(statement)
+            rerun = catalog(conn)
+        assert catalog(conn) == migrated  # rolled back
+    assert (len(migrated["functions"]), len(migrated["triggers"])) == (11, 20)
+    found = differences(migrated, rerun)
+    assert found == {}, (
+        "schema.sql differs from what the migrations made; add a migration that carries the "
+        "changed blocks (docs/development.md, Changing the schema):\n"
+        + report(found, "migrated", "then schema.sql run")
+    )
+
+
 def test_the_migrations_hold_the_models_state():
-    """``makemigrations --check``: the models and migration 0001 say the same."""
+    """``manage.py makemigrations --check --dry-run scheduling``: the models and the migrations
+    say the same (a model changed without a migration fails here)."""
     out = StringIO()
     call_command("makemigrations", "scheduling", "--check", "--dry-run", stdout=out)
     assert out.getvalue() == "No changes detected in app 'scheduling'\n"

@@ -1,12 +1,35 @@
-"""``scheduling/sql/schema.sql``: its blocks, in order, each one able to run again."""
+"""``scheduling/sql/schema.sql``: its blocks, in order, each one able to run again; and the
+migrations' own SQL (``scheduling/migrations/sql/``): frozen, and the only SQL they run.
+
+Whether the migrations reach schema.sql is ``tests/integration/test_schema.py``.
+"""
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import importlib
 import re
+from pathlib import Path
 
 import pytest
+from django.db import migrations
 
-from scheduling.sql import SCHEMA_FILE, parse_schema, schema
+from scheduling.sql import SCHEMA_FILE, parse_schema
+
+MIGRATIONS = Path(__file__).resolve().parents[2] / "scheduling" / "migrations"
+
+#: Each migration's SQL file and its SHA-256: the file is frozen history (a database migrated
+#: with it long ago keeps what it ran), so a change of the schema is a new migration with a file
+#: of its own, whose digest is added here (docs/development.md, Changing the schema).
+FROZEN = {
+    "0001_initial.sql": "466cbe1f1fbf33e5b99e8f5fdf8fac9786174b2f5992a5db12a33057230927a7",
+    "0002_buffer_one.sql": "14da90a71d7a63a9dabd1a95c7fd895aca3ae491e628490be5f4793d089109b4",
+    "0003_history_in_one_statement.sql":
+        "c96fb80b6229f0288817fc5c0f2769092cfea9e0e1b68bfb3ce92cc3647825e3",
+    "0004_guard_execution_functions.sql":
+        "a0755c9ecedec393ca3f96fbd5fae398659e14789f576bc312844d4ece1ad6e9",
+}
 
 BLOCKS = [
     "run_periodic_task_set_null", "execution_lock_key", "guard_execution", "run_due_at",
@@ -27,14 +50,44 @@ def test_every_statement_can_run_again():
         "    ADD CONSTRAINT scheduling_run_periodic_task_id_9d64afac_fk_django_ce\n" in text
 
 
-def test_blocks_are_chosen_by_name_and_come_in_file_order():
-    both = schema("history", "execution_lock_key")
-    assert both.startswith("CREATE OR REPLACE FUNCTION scheduling_execution_lock_key(")
-    assert both.index("scheduling_execution_lock_key") < both.index("scheduling_record_history")
-    assert "scheduling_run_due_at" not in both
-    assert schema() == "\n\n".join(schema(name) for name in BLOCKS)
-    with pytest.raises(KeyError, match="schema.sql has no block 'nothing'"):
-        schema("nothing")
+def test_the_migrations_sql_files_are_the_frozen_ones():
+    digests = {
+        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted((MIGRATIONS / "sql").iterdir())
+    }
+    assert digests == FROZEN, (
+        "a migration's SQL file is frozen history: change the schema with a new migration "
+        "(docs/development.md, Changing the schema), and list a new file's digest in FROZEN"
+    )
+
+
+def test_no_migration_imports_the_app():
+    """Nothing of ``scheduling`` (its models, ``scheduling.sql`` and schema.sql): a migration
+    runs what it was made with, whatever the app says later."""
+    imported = {}
+    for path in sorted(MIGRATIONS.glob("0*.py")):
+        tree = ast.parse(path.read_text())
+        imported[path.stem] = sorted(
+            {alias.name.partition(".")[0] for node in ast.walk(tree)
+             if isinstance(node, ast.Import) for alias in node.names}
+            | {node.module.partition(".")[0] for node in ast.walk(tree)
+               if isinstance(node, ast.ImportFrom) and node.module}
+        )
+    assert imported == {
+        "0001_initial": ["django", "pathlib"],
+        "0002_buffer_one": ["django", "pathlib"],
+        "0003_history_in_one_statement": ["django", "pathlib"],
+        "0004_guard_execution_functions": ["django", "pathlib"],
+        "0005_edit_history_entries": ["django"],
+    }
+
+
+@pytest.mark.parametrize("name", [name.removesuffix(".sql") for name in FROZEN])
+def test_a_migration_runs_its_own_file(name):
+    operations = importlib.import_module(f"scheduling.migrations.{name}").Migration.operations
+    text = (MIGRATIONS / "sql" / f"{name}.sql").read_text()
+    assert [op.sql for op in operations if isinstance(op, migrations.RunSQL)
+            and op.sql == text] == [text]
 
 
 def test_a_block_loses_its_leading_comments_and_keeps_its_body():
