@@ -1,5 +1,6 @@
-"""System checks: the settings this app cannot work without, the connection its locks need, and a
-database migrated all or none of the way the squashed migration stands for."""
+"""System checks: the settings this app cannot work without, the connection its locks need, a
+database migrated all or none of the way the squashed migration stands for, and the removed
+settings a deployment still sets."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from django.db.migrations.recorder import MigrationRecorder
 from django.utils.connection import ConnectionDoesNotExist
 
 from scheduling import cadences, ledger
-from scheduling.conf import INTERNAL, conf
+from scheduling.conf import INTERNAL, REMOVED, RemovedSetting, conf
 from scheduling.sql import queries
 
 
@@ -32,24 +33,39 @@ def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 
 @register()
-def check_internal_settings(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
-    """A removed ``SCHEDULING_*`` setting in the Django settings: it is ignored now, so say so.
+def check_removed_settings(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """A removed or renamed ``SCHEDULING_*`` setting in the Django settings: it is ignored now.
 
-    The names are ``conf.INTERNAL`` (issue 34, point 4): internal cadences and bounds, constants
-    of ``scheduling.cadences`` now. One warning per name set, naming it and the value in force.
+    One warning per name of ``conf.REMOVED`` set, in that order: what took its place (a setting
+    to set instead, a constant of ``scheduling.cadences`` and its value, or nothing) and what to
+    do. Each name warns for at least one minor release after the one that removed it.
     """
     return [
-        Warning(
-            f"SCHEDULING_{name} is no longer a setting and is ignored: it is internal now "
-            f"(scheduling.cadences.{name} = {getattr(cadences, name)!r}).",
-            hint=f"Remove SCHEDULING_{name} from your settings (docs/configuration.md, "
-                 "Removed settings).",
-            obj=f"SCHEDULING_{name}",
-            id="scheduling.W003",
-        )
-        for name in INTERNAL
-        if hasattr(settings, f"SCHEDULING_{name}")
+        _removed_warning(removed)
+        for removed in REMOVED
+        if hasattr(settings, f"SCHEDULING_{removed.name}")
     ]
+
+
+def _removed_warning(removed: RemovedSetting) -> Warning:
+    """The ``scheduling.W003`` warning for one removed setting that is set."""
+    old = f"SCHEDULING_{removed.name}"
+    where = "(docs/configuration.md, Removed settings)"
+    if removed.renamed_to is not None:
+        new = f"SCHEDULING_{removed.renamed_to}"
+        message = f"it was renamed {new} in {removed.removed_in}."
+        hint = f"Rename {old} to {new} in your settings {where}."
+    elif removed.name in INTERNAL:
+        value = getattr(cadences, removed.name)
+        message = f"it is internal now (scheduling.cadences.{removed.name} = {value!r})."
+        hint = f"Remove {old} from your settings {where}."
+    else:
+        message = f"it was removed in {removed.removed_in}, and nothing replaces it."
+        hint = f"Remove {old} from your settings {where}."
+    return Warning(
+        f"{old} is no longer a setting and is ignored: {message}",
+        hint=hint, obj=old, id="scheduling.W003",
+    )
 
 
 @register(deploy=False)

@@ -5,8 +5,8 @@ read looks the Django setting up again, so ``override_settings`` works, and noth
 import time. Each attribute of ``Conf`` is one setting (``conf.delivery_timeout`` is
 ``SCHEDULING_DELIVERY_TIMEOUT``): its default, the type the value is converted to, and what it
 means.
-``DEFAULTS`` maps each setting's name without the prefix to that declaration; ``INTERNAL`` names
-the former settings that are constants of ``scheduling.cadences`` now.
+``DEFAULTS`` maps each setting's name without the prefix to that declaration; ``REMOVED`` lists
+the former settings (``INTERNAL``: those that are constants of ``scheduling.cadences`` now).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import os
 import socket
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 from django.conf import settings
 
+from scheduling import cadences
 from scheduling.durations import parse_duration
 
 T = TypeVar("T")
@@ -175,14 +176,44 @@ DEFAULTS: dict[str, Setting[Any]] = {
     setting.name: setting for setting in vars(Conf).values() if isinstance(setting, Setting)
 }
 
-#: The settings that became internal constants of ``scheduling.cadences`` (issue 34, point 4): the
-#: old name without the prefix, the same as the constant's name. Setting one has no effect; system
-#: check ``scheduling.W003`` names it.
-INTERNAL: tuple[str, ...] = (
-    "MAX_INTERVAL", "BATCH_SIZE", "RECONCILE_INTERVAL", "FULL_RECONCILE_INTERVAL",
-    "STATEMENT_TIMEOUT", "IDLE_IN_TRANSACTION_TIMEOUT", "TCP_KEEPALIVES_IDLE", "RETRY_BACKOFF_MAX",
-    "BROKER_TIMEOUT", "HEARTBEAT_INTERVAL", "PRUNE_INTERVAL", "PRUNE_BATCH_SIZE",
-    "OVERDUE_INTERVAL",
+class RemovedSetting(NamedTuple):
+    """A ``SCHEDULING_*`` setting this app no longer reads: system check ``scheduling.W003``
+    warns while a deployment's settings still set it."""
+
+    #: Its name without the prefix (``"BATCH_SIZE"``).
+    name: str
+    #: The setting that took its place, without the prefix (set that one instead); ``None``
+    #: when none did.
+    renamed_to: str | None
+    #: The first release that no longer reads it.
+    removed_in: str
+
+
+#: Every removed or renamed setting, the one place they are listed. Each stays listed, and warns,
+#: for at least one minor release after its ``removed_in`` (CHANGELOG.md; docs/configuration.md,
+#: Removed settings). Those of the same name as a constant of ``scheduling.cadences`` became that
+#: constant: internal cadences and bounds no deployment needs to tune.
+REMOVED: tuple[RemovedSetting, ...] = (
+    RemovedSetting("MAX_INTERVAL", None, "0.1.0"),
+    RemovedSetting("BATCH_SIZE", None, "0.1.0"),
+    RemovedSetting("RECONCILE_INTERVAL", None, "0.1.0"),
+    RemovedSetting("FULL_RECONCILE_INTERVAL", None, "0.1.0"),
+    RemovedSetting("STATEMENT_TIMEOUT", None, "0.1.0"),
+    RemovedSetting("IDLE_IN_TRANSACTION_TIMEOUT", None, "0.1.0"),
+    RemovedSetting("TCP_KEEPALIVES_IDLE", None, "0.1.0"),
+    RemovedSetting("RETRY_BACKOFF_MAX", None, "0.1.0"),
+    RemovedSetting("BROKER_TIMEOUT", None, "0.1.0"),
+    RemovedSetting("HEARTBEAT_INTERVAL", None, "0.1.0"),
+    RemovedSetting("PRUNE_INTERVAL", None, "0.1.0"),
+    RemovedSetting("PRUNE_BATCH_SIZE", None, "0.1.0"),
+    RemovedSetting("OVERDUE_INTERVAL", None, "0.1.0"),
+    # A pause inside each claim for the tests, which their own scheduler class makes now.
+    RemovedSetting("TEST_PAUSE_AFTER_PUBLISH", None, "0.1.0"),
+)
+
+#: The removed settings that are constants of ``scheduling.cadences`` now, of the same name.
+INTERNAL: tuple[str, ...] = tuple(
+    removed.name for removed in REMOVED if hasattr(cadences, removed.name)
 )
 
 conf = Conf()

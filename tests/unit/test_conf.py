@@ -13,7 +13,6 @@ import pytest
 from django.test import override_settings
 
 from scheduling import cadences
-from scheduling.checks import check_internal_settings
 from scheduling.conf import DEFAULTS, INTERNAL, conf
 
 
@@ -105,7 +104,7 @@ def test_the_worker_loss_policy_is_fail_or_recover():
 
 
 def test_the_internal_cadences_are_constants_not_settings():
-    """Issue 34, point 4: the removed settings are module constants of scheduling.cadences,
+    """The removed settings that became internal are module constants of scheduling.cadences,
     with the values they had as settings, and none is a setting any more."""
     assert {name: getattr(cadences, name) for name in INTERNAL} == {
         "MAX_INTERVAL": 0.5, "BATCH_SIZE": 100, "RECONCILE_INTERVAL": 60.0,
@@ -116,20 +115,7 @@ def test_the_internal_cadences_are_constants_not_settings():
     }
     assert set(INTERNAL) & set(DEFAULTS) == set()
     constants = {name for name in vars(cadences) if name.isupper()}
-    # HERD_BATCH_SIZE came with the herd's growing claims (issue 35): never a setting.
+    # HERD_BATCH_SIZE came with the herd's growing claims: never a setting of a release.
     assert constants == {*INTERNAL, "HERD_BATCH_SIZE"}
     assert cadences.HERD_BATCH_SIZE == 400
 
-
-def test_a_removed_setting_gives_a_check_warning_naming_it():
-    with override_settings(SCHEDULING_RECONCILE_INTERVAL=5, SCHEDULING_BATCH_SIZE=10):
-        found = [(m.id, m.obj, m.msg) for m in check_internal_settings()]
-    assert found == [
-        ("scheduling.W003", "SCHEDULING_BATCH_SIZE",
-         "SCHEDULING_BATCH_SIZE is no longer a setting and is ignored: it is internal now "
-         "(scheduling.cadences.BATCH_SIZE = 100)."),
-        ("scheduling.W003", "SCHEDULING_RECONCILE_INTERVAL",
-         "SCHEDULING_RECONCILE_INTERVAL is no longer a setting and is ignored: it is internal "
-         "now (scheduling.cadences.RECONCILE_INTERVAL = 60.0)."),
-    ]
-    assert check_internal_settings() == []
