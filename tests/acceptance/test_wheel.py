@@ -6,6 +6,10 @@ of tools/ or anything of project/, tests/ or bench/), install it with its
 dependencies into a fresh virtualenv, generate a minimal project there with ``django-admin
 startproject`` plus the install guide's settings, point it at a database of its own created on this
 test's PostgreSQL server, then ``migrate`` and ``check`` must exit 0.
+
+The wheel is the one ``python -m build`` makes from its sdist, as a release is built
+(docs/development.md, Releasing): both carry pyproject.toml's version, ``twine check --strict``
+accepts both, the sdist holds CHANGELOG.md and installs the same files as the wheel.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import tomllib
 import zipfile
 from importlib.metadata import requires, version
 from pathlib import Path
@@ -38,6 +44,8 @@ CELERY_TASK_ANNOTATIONS = ["scheduling.guard:GuardAnnotation"]
 #: module, our database and broker, this virtualenv).
 _NOT_PASSED = ("DJANGO_", "DATABASE_URL", "CELERY_", "SCHEDULING_", "VIRTUAL_ENV", "PYTHONPATH")
 PIP = (sys.executable, "-m", "pip", "--disable-pip-version-check")
+#: The one place the version is written.
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 #: What a project already has, which installing the wheel must not move.
 KEPT = ("Django", "celery", "kombu", "django-celery-beat")
 _VERSIONS = (
@@ -82,18 +90,74 @@ def database(empty_database) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """Build the wheel from a copy of the source tree (untracked files too); return its path."""
-    folder = tmp_path_factory.mktemp("wheel")
+def dists(tmp_path_factory) -> tuple[Path, Path]:
+    """Build the sdist, then the wheel from it (``python -m build``), from a copy of the source
+    tree (untracked files too); return (sdist, wheel)."""
+    folder = tmp_path_factory.mktemp("dist")
     source = folder / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", ".venv-*", ".python3.*", ".nox", ".data", "build", "*.egg-info",
+        ".git", ".venv", ".venv-*", ".python3.*", ".nox", ".data", "build", "dist", "*.egg-info",
         "__pycache__", "*.whl",
     ))
-    _run(*PIP, "wheel", "--no-deps", "--quiet", "--wheel-dir", folder / "dist", "./source",
-         cwd=folder)
+    _run(sys.executable, "-m", "build", "--outdir", folder / "dist", source, cwd=folder)
+    [sdist] = (folder / "dist").glob("*.tar.gz")
     [built] = (folder / "dist").glob("*.whl")
-    return built
+    return sdist, built
+
+
+@pytest.fixture(scope="module")
+def wheel(dists) -> Path:
+    """The wheel ``python -m build`` made from the sdist."""
+    return dists[1]
+
+
+def test_both_distributions_carry_the_one_version_and_pass_twine_check(dists):
+    sdist, built = dists
+    assert (sdist.name, built.name) == (
+        f"django_scheduling_ledger-{VERSION}.tar.gz",
+        f"django_scheduling_ledger-{VERSION}-py3-none-any.whl",
+    )
+    metadata = zipfile.ZipFile(built).read(
+        f"django_scheduling_ledger-{VERSION}.dist-info/METADATA").decode()
+    with tarfile.open(sdist) as archive:
+        pkg_info = archive.extractfile(f"django_scheduling_ledger-{VERSION}/PKG-INFO")
+        assert pkg_info is not None
+        sdist_metadata = pkg_info.read().decode()
+    for text in (metadata, sdist_metadata):
+        assert [line for line in text.splitlines() if line.startswith("Version: ")] == [
+            f"Version: {VERSION}"
+        ]
+    # names relative to the folder: twine's output wraps at 80 columns
+    checked = _run(sys.executable, "-m", "twine", "--no-color", "check", "--strict", built.name,
+                   sdist.name, cwd=sdist.parent)
+    assert checked.splitlines() == [
+        f"Checking {built.name}: PASSED", f"Checking {sdist.name}: PASSED",
+    ]
+
+
+def test_the_sdist_holds_the_changelog_and_installs_what_the_wheel_holds(tmp_path, dists):
+    sdist, built = dists
+    top = f"django_scheduling_ledger-{VERSION}"
+    with tarfile.open(sdist) as archive:
+        names = set(archive.getnames())
+    assert {f"{top}/CHANGELOG.md", f"{top}/README.md", f"{top}/pyproject.toml"} <= names
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
+    python = venv / "bin" / "python"
+    _run(*PIP, "--python", python, "install", "--quiet", "--no-deps", sdist, cwd=tmp_path)
+    assert _run(python, "-c", "import scheduling; print(scheduling.__version__)",
+                cwd=tmp_path).strip() == VERSION
+    python_dir = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = venv / "lib" / python_dir / "site-packages"
+    installed = {
+        path.relative_to(site).as_posix() for path in (site / "scheduling").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    in_wheel = {
+        name for name in zipfile.ZipFile(built).namelist()
+        if name.startswith("scheduling/") and not name.endswith("/")
+    }
+    assert installed == in_wheel
 
 
 def test_wheel_holds_the_app_only(wheel):
@@ -136,8 +200,9 @@ def test_wheel_installs_into_a_fresh_project_migrates_and_checks(tmp_path, wheel
     _run(*PIP, "--python", python, "install", "--quiet", wheel, cwd=tmp_path)
     if last:
         _run(*PIP, "--python", python, "install", "--quiet", *last, cwd=tmp_path)
-    installed = _run(python, "-c", _VERSIONS, *KEPT, cwd=tmp_path).split()
-    assert installed == pins
+    installed = _run(python, "-c", _VERSIONS, *KEPT, "django-scheduling-ledger",
+                     cwd=tmp_path).split()
+    assert installed == [*pins, f"django-scheduling-ledger=={VERSION}"]
 
     site = tmp_path / "site"
     site.mkdir()
