@@ -1,9 +1,8 @@
 """Where a replica's messages go: the task's queue, Celery's default queue, or ``task_routes``.
 
-The replica hands Celery the queue bound to its channel once (``publisher.RunPublisher``)
-instead of the name Celery would bind at every publish; what reaches the broker must not change.
-Each case reads the queues back from the configured broker (Redis, RabbitMQ, kombu's SQL
-transport).
+A replica sends each run through Celery beat's ``apply_async`` (``publisher.RunPublisher``), so
+Celery's router decides as it does for stock beat. Each case reads the queues back from the
+configured broker (Redis, RabbitMQ, kombu's SQL transport).
 """
 
 from __future__ import annotations
