@@ -75,7 +75,8 @@ def _executed(deployment: Deployment) -> dict[str, Run]:
 
 
 def _settled(read, timeout: float) -> list:
-    """``read()`` once it has stopped growing for a second, or after ``timeout`` seconds."""
+    """``read()`` once it is not empty and has not grown for a second, or after ``timeout``
+    seconds (what it returns then)."""
     deadline = time.monotonic() + timeout
     seen = read()
     while time.monotonic() < deadline:
@@ -89,6 +90,8 @@ def _settled(read, timeout: float) -> list:
 
 # --- Sentry Crons ---------------------------------------------------------------------------
 
+#: Each monitor's schedule in its check-ins' ``monitor_config`` (beside ``"timezone": "UTC"``,
+#: CELERY_TIMEZONE).
 SENTRY_SCHEDULES = {
     "every-minute": {"type": "interval", "value": 1, "unit": "minute"},
     "every-minute-failing": {"type": "interval", "value": 1, "unit": "minute"},
@@ -145,6 +148,10 @@ def _ended(task: PeriodicTask) -> list[str]:
     return list(runs.order_by("scheduled_for").values_list("status", flat=True))
 
 
+def _json(value: object) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
 def _pairs(check_ins: list[dict]) -> dict[str, Counter]:
     """Per monitor slug, how many check-in ids had each sorted tuple of statuses."""
     by_id: dict[tuple[str, str], list[str]] = {}
@@ -196,8 +203,11 @@ def test_sentry_crons_get_one_check_in_pair_per_executed_run(deployment: Deploym
         "every-minute-failing": {("error", "in_progress"): 2},
         "each-minute-crontab": {("in_progress", "ok"): crontab_runs},
     }
-    schedules = {c["monitor_slug"]: c["monitor_config"]["schedule"] for c in check_ins}
-    assert schedules == SENTRY_SCHEDULES
+    configs = {(c["monitor_slug"], _json(c.get("monitor_config"))) for c in check_ins}
+    assert configs == {
+        (slug, _json({"schedule": schedule, "timezone": "UTC"}))
+        for slug, schedule in SENTRY_SCHEDULES.items()
+    }
 
 
 # --- OpenTelemetry --------------------------------------------------------------------------
