@@ -311,8 +311,8 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
 
         The form page comes back, with what was entered, on every error: a bad or future range,
         a task whose backfill failed (the others' runs are created and reported). When slots of
-        the range already succeeded, it says how many and asks once more before running them
-        again.
+        the range already succeeded on schedule and have no backfill run (the slots a backfill
+        runs again), it says how many and asks once more.
         """
         form = BackfillForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django import forms
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Exists, OuterRef, QuerySet
 from django_celery_beat.models import PeriodicTask
 
 from scheduling.admin.base import _utc_ms
@@ -43,20 +43,28 @@ class BackfillForm(forms.Form):
 
 
 def _range_key(since: datetime, until: datetime) -> str:
-    """The range a confirmation of a backfill over succeeded slots was given for."""
+    """The range a confirmation of a backfill that runs succeeded slots again was given for."""
     return f"{since.isoformat()}/{until.isoformat()}"
 
 
 def _succeeded_slots(
     tasks: QuerySet[PeriodicTask], since: datetime, until: datetime
 ) -> dict[str, int]:
-    """Per task name, the slots in [since, until) that already have a succeeded run (any
-    trigger): a backfill runs them again. Tasks with none are left out. One query."""
+    """Per task name, the slots in [since, until) that a backfill runs again: the scheduled run
+    of the slot succeeded and the slot has no backfill run yet (a slot that has one is left
+    alone, ``ledger.backfill``). A manual run is due when it was asked for, not at a slot: it
+    never counts. Tasks with none are left out. One query."""
+    backfilled = Run.objects.live().filter(
+        periodic_task=OuterRef("periodic_task"), trigger=Run.Trigger.BACKFILL,
+        scheduled_for=OuterRef("scheduled_for"),
+    )
     counts = (
         Run.objects.filter(
             periodic_task__in=tasks, status=Run.Status.SUCCEEDED,
+            trigger=Run.Trigger.SCHEDULE,
             scheduled_for__gte=since, scheduled_for__lt=until,
         )
+        .exclude(Exists(backfilled))
         .values("periodic_task__name")
         .annotate(slots=Count("scheduled_for", distinct=True))
     )

@@ -191,7 +191,10 @@ def test_backfill_over_succeeded_slots_warns_with_the_count_then_runs_on_confirm
         )
     range_ = {"since": "2026-01-05 10:00:00", "until": "2026-01-05 10:05:00", "apply": "1"}
     warned = _backfill_action(admin_client_, task, **range_).content.decode()
-    assert "2 slots of this range already succeeded: a backfill runs them again." in warned
+    assert (
+        "2 slots of this range already succeeded on schedule and have no backfill run: a backfill"
+        " runs them again." in warned
+    )
     assert "<li>minutely: 2 slots</li>" in warned
     assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 0
 
@@ -205,6 +208,57 @@ def test_backfill_over_succeeded_slots_warns_with_the_count_then_runs_on_confirm
     done = _backfill_action(admin_client_, task, confirm=confirm, **range_).content.decode()
     assert "5 slots, 5 new backfill runs (0 already there)." in done
     assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 5
+
+
+def test_backfill_warning_leaves_out_manual_runs(admin_client_, make_task):
+    """A "run now" in the range is no slot of it: the backfill goes ahead without a warning."""
+    from tests.conftest import utc
+
+    task = make_task(every=60, start_time=utc(2026, 1, 5, 10, 0), name="minutely")
+    Run.objects.create(
+        periodic_task=task, periodic_task_name=task.name, task=task.task,
+        scheduled_for=utc(2026, 1, 5, 10, 1, 17), trigger=Run.Trigger.MANUAL,
+        status=Run.Status.SUCCEEDED, task_id="manual",
+    )
+    range_ = {"since": "2026-01-05 10:00:00", "until": "2026-01-05 10:03:00", "apply": "1"}
+    done = _backfill_action(admin_client_, task, **range_).content.decode()
+    assert "already succeeded" not in done
+    assert "Backfill of &#x27;minutely&#x27;: 3 slots, 3 new backfill runs (0 already there)." in done
+    assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 3
+
+
+def test_backfill_warning_counts_only_the_slots_it_runs_again(admin_client_, make_task):
+    """A slot that has a backfill run is not run again: repeating a backfill warns of nothing."""
+    from tests.conftest import utc
+
+    task = make_task(every=60, start_time=utc(2026, 1, 5, 10, 0), name="minutely")
+    for minute in (0, 1):
+        Run.objects.create(
+            periodic_task=task, periodic_task_name=task.name, task=task.task,
+            scheduled_for=utc(2026, 1, 5, 10, minute), status=Run.Status.SUCCEEDED,
+            task_id=f"t-{minute}",
+        )
+    range_ = {"since": "2026-01-05 10:00:00", "until": "2026-01-05 10:03:00", "apply": "1"}
+    confirm = "2026-01-05T10:00:00+00:00/2026-01-05T10:03:00+00:00"
+    _backfill_action(admin_client_, task, confirm=confirm, **range_)
+    Run.objects.filter(trigger=Run.Trigger.BACKFILL).update(status=Run.Status.SUCCEEDED)
+
+    again = _backfill_action(admin_client_, task, **range_).content.decode()
+    assert "already succeeded" not in again
+    assert "Backfill of &#x27;minutely&#x27;: 3 slots, 0 new backfill runs (3 already there)." in again
+
+    wider = {**range_, "until": "2026-01-05 10:05:00"}
+    Run.objects.create(
+        periodic_task=task, periodic_task_name=task.name, task=task.task,
+        scheduled_for=utc(2026, 1, 5, 10, 3), status=Run.Status.SUCCEEDED, task_id="t-3",
+    )
+    warned = _backfill_action(admin_client_, task, **wider).content.decode()
+    assert (
+        "1 slot of this range already succeeded on schedule and has no backfill run: a backfill"
+        " runs it again." in warned
+    )
+    assert "<li>minutely: 1 slot</li>" in warned
+    assert 'name="apply" value="Run 1 succeeded slot again and backfill"' in warned
 
 
 def test_backfill_keeps_the_form_when_a_task_fails_and_backfills_the_others(
