@@ -372,6 +372,10 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
             except PauseRejected as exc:
                 self.message_user(request, str(exc), messages.WARNING)
                 continue
+            logger.info(
+                "paused %r by %s in the admin: %s", task.name, who, form.cleaned_data["why"],
+                extra={"action": "pause"},
+            )
             self.message_user(request, f"Paused {task.name}.", messages.SUCCESS)
         return None
 
@@ -386,6 +390,10 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
                 self.message_user(request, str(exc), messages.WARNING)
                 continue
             skipped = done.run.slots if done.run is not None else 0
+            logger.info(
+                "resumed %r by %s in the admin: %d slots skipped while paused", task.name, who,
+                skipped, extra={"action": "resume"},
+            )
             self.message_user(
                 request, f"Resumed {task.name}: {skipped} slots skipped while paused.",
                 messages.SUCCESS,

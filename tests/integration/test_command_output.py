@@ -76,6 +76,19 @@ def test_backfill_prints_its_result_once(make_task):
     )
 
 
+def test_pause_and_resume_print_their_result_once(make_task):
+    task = make_task(every=3600, name="demo: digest every 5 s")
+    paused = _manage("scheduling_pause", task.name, "--reason", "vendor down", "--by", "ops")
+    assert (paused.returncode, paused.stderr) == (0, "")
+    assert re.fullmatch(r"paused demo: digest every 5 s at \S+ by ops\n", paused.stdout)
+    resumed = _manage("scheduling_resume", task.name, "--by", "ops")
+    assert (resumed.returncode, resumed.stderr) == (0, "")
+    assert re.fullmatch(
+        r"resumed demo: digest every 5 s at \S+ by ops: 0 slots skipped while paused\n",
+        resumed.stdout,
+    )
+
+
 def test_prune_prints_its_counts_once(make_task):
     task = make_task(every=60)
     old = ledger.database_now() - timedelta(days=40)
