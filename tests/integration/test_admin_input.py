@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
@@ -101,6 +103,21 @@ def test_a_crontab_that_never_fires_is_refused_and_a_rare_one_is_saved(admin_cli
                                                  day_of_week="1"))
     assert rare.status_code == 302
     assert CrontabSchedule.objects.count() == 1
+
+
+def test_each_invalid_crontab_field_gets_its_own_error_and_no_words(admin_client_):
+    """Minute 99 and hour abc: two errors, each naming its field (not one about a weekday), and
+    "human readable" does not put the refused text into words."""
+    url = reverse("admin:django_celery_beat_crontabschedule_add")
+    page = admin_client_.post(url, _crontab_form(minute="99", hour="abc")).content.decode()
+    errors = re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', page, re.DOTALL)
+    assert [re.sub(r"<[^>]+>", "", e) for e in errors] == [
+        "Invalid minute &#x27;99&#x27;: use 0-59, *, lists (1,2), ranges (1-5) or steps (*/15).",
+        "Invalid hour &#x27;abc&#x27;: use 0-23, *, lists (1,2), ranges (1-5) or steps (*/15).",
+    ]
+    readable = re.search(r'field-human_readable.*?<div class="readonly">(.*?)</div>', page, re.DOTALL)
+    assert readable[1] == "- (correct the fields marked below)"
+    assert CrontabSchedule.objects.count() == 0
 
 
 def test_an_interval_of_zero_is_refused(admin_client_):
