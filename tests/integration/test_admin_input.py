@@ -120,6 +120,22 @@ def test_each_invalid_crontab_field_gets_its_own_error_and_no_words(admin_client
     assert CrontabSchedule.objects.count() == 0
 
 
+def test_a_refused_save_keeps_the_saved_tasks_name_in_title_and_breadcrumb(admin_client_):
+    interval, _ = IntervalSchedule.objects.get_or_create(every=60, period="seconds")
+    task = PeriodicTask.objects.create(
+        name="nightly", task="project.tasks.record", interval=interval
+    )
+    crontab = CrontabSchedule.objects.create(minute="30", hour="2")
+    url = reverse("admin:django_celery_beat_periodictask_change", args=[task.pk])
+    page = admin_client_.post(url, _task_form(crontab=str(crontab.pk))).content.decode()
+    assert "Only one of clocked, interval, crontab, or solar must be set" in page
+    title = re.search(r"<title>(.*?)</title>", page, re.DOTALL)[1]
+    assert title == "Error: nightly: every 60 seconds | Change periodic task | Django site admin"
+    crumbs = page.split('<div class="breadcrumbs">', 1)[1].split("</div>", 1)[0]
+    assert crumbs.strip().splitlines()[-1].strip() == "&rsaquo; nightly: every 60 seconds"
+    assert "<h2>nightly: every 60 seconds</h2>" in page
+
+
 def test_an_interval_of_zero_is_refused(admin_client_):
     url = reverse("admin:django_celery_beat_intervalschedule_add")
     response = admin_client_.post(url, {"every": "0", "period": "seconds", **_NO_INLINE_TASKS})
