@@ -34,7 +34,13 @@ from scheduling.admin.base import (
     _seconds,
     _utc_ms,
 )
-from scheduling.admin.task_forms import BackfillForm, PauseForm, _range_key, _succeeded_slots
+from scheduling.admin.task_forms import (
+    BackfillForm,
+    PauseForm,
+    _early_slots,
+    _range_key,
+    _succeeded_slots,
+)
 from scheduling.admin_permissions import requiring
 from scheduling.conf import conf
 from scheduling.exceptions import PauseRejected, RunRejected, SchedulingError
@@ -312,16 +318,17 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
         The form page comes back, with what was entered, on every error: a bad or future range,
         a task whose backfill failed (the others' runs are created and reported). When slots of
         the range already succeeded on schedule and have no backfill run (the slots a backfill
-        runs again), it says how many and asks once more.
+        runs again), or come before a task was created, it says how many and asks once more.
         """
         form = BackfillForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
             return self._backfill_page(request, form, queryset)
         since, until = form.cleaned_data["since"], form.cleaned_data["until"]
         succeeded = _succeeded_slots(queryset, since, until)
+        early = _early_slots(queryset, since, until)
         confirmed = request.POST.get("confirm") == _range_key(since, until)
-        if succeeded and not confirmed:  # asked again when the range changed
-            return self._backfill_page(request, form, queryset, succeeded=succeeded)
+        if (succeeded or early) and not confirmed:  # asked again when the range changed
+            return self._backfill_page(request, form, queryset, succeeded, early)
         who = request.user.get_username()
         for task in queryset:
             # The admin capitalises a message's first letter: the task's name comes after it.
@@ -345,14 +352,15 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
 
     def _backfill_page(
         self, request: HttpRequest, form: BackfillForm, queryset: QuerySet[PeriodicTask],
-        succeeded: dict[str, int] | None = None,
+        succeeded: dict[str, int] | None = None, early: list[tuple[str, int, str]] | None = None,
     ) -> TemplateResponse:
         return self._action_page(
             request, "backfill.html", "Backfill periodic tasks", form=form, queryset=queryset,
             succeeded=sorted((succeeded or {}).items()),
             succeeded_total=sum((succeeded or {}).values()),
+            early=early or [], early_total=sum(count for _, count, _ in early or []),
             confirm=_range_key(form.cleaned_data["since"], form.cleaned_data["until"])
-            if succeeded else "",
+            if succeeded or early else "",
         )
 
     @admin.action(description="Pause selected tasks (with a reason)", permissions=["change"])

@@ -3,7 +3,7 @@ a backfill would run again)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
@@ -12,6 +12,8 @@ from django_celery_beat.models import PeriodicTask
 
 from scheduling.admin.base import _utc_ms
 from scheduling.clock import database_now
+from scheduling.exceptions import ScheduleError
+from scheduling.ledger import slots_before_creation
 from scheduling.models import Run
 
 
@@ -69,6 +71,23 @@ def _succeeded_slots(
         .annotate(slots=Count("scheduled_for", distinct=True))
     )
     return {row["periodic_task__name"]: row["slots"] for row in counts}
+
+
+def _early_slots(
+    tasks: QuerySet[PeriodicTask], since: datetime, until: datetime
+) -> list[tuple[str, int, str]]:
+    """Per task, ``(name, slots, created)``: the slots in [since, until) from before the task
+    was created (``ledger.slots_before_creation``), ``created`` in UTC to the second. Tasks with
+    none are left out, so is a broken schedule (the backfill reports its error)."""
+    early = []
+    for task in tasks:
+        try:
+            count, created = slots_before_creation(task, since, until)
+        except ScheduleError:
+            continue
+        if count and created is not None:
+            early.append((task.name, count, f"{created.astimezone(UTC):%Y-%m-%d %H:%M:%S}"))
+    return early
 
 
 #: A replica's state as a badge: (background, text colour).

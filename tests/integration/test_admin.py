@@ -261,6 +261,36 @@ def test_backfill_warning_counts_only_the_slots_it_runs_again(admin_client_, mak
     assert 'name="apply" value="Run 1 succeeded slot again and backfill"' in warned
 
 
+def test_backfill_before_the_task_was_created_warns_then_runs_on_confirm(
+    admin_client_, make_task
+):
+    from datetime import timedelta
+
+    from scheduling.models import TaskHistory
+
+    task = make_task(cron="* * * * *", name="every minute")
+    created = TaskHistory.objects.get(periodic_task_id=task.pk, operation="created").changed_at
+    since = created.astimezone(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
+    until = since + timedelta(minutes=3)
+    range_ = {"since": f"{since:%Y-%m-%d %H:%M:%S}", "until": f"{until:%Y-%m-%d %H:%M:%S}",
+              "apply": "1"}
+    warned = _backfill_action(admin_client_, task, **range_).content.decode()
+    assert (
+        "3 slots of this range come before the task was created: a backfill runs them although"
+        " the task did not exist then." in warned
+    )
+    at = f"{created.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+    assert f"<li>every minute: 3 slots before its creation at {at} UTC</li>" in warned
+    assert 'name="apply" value="Backfill 3 slots from before the task existed"' in warned
+    assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 0
+
+    confirm = f"{since.isoformat()}/{until.isoformat()}"
+    assert f'name="confirm" value="{confirm}"' in warned
+    done = _backfill_action(admin_client_, task, confirm=confirm, **range_).content.decode()
+    assert "Backfill of &#x27;every minute&#x27;: 3 slots, 3 new backfill runs" in done
+    assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 3
+
+
 def test_backfill_keeps_the_form_when_a_task_fails_and_backfills_the_others(
     admin_client_, make_task
 ):

@@ -89,6 +89,25 @@ def test_pause_and_resume_print_their_result_once(make_task):
     )
 
 
+def test_backfill_warns_of_slots_from_before_the_task_was_created(make_task):
+    from scheduling.models import TaskHistory
+
+    task = make_task(cron="* * * * *", name="every minute")
+    created = TaskHistory.objects.get(periodic_task_id=task.pk, operation="created").changed_at
+    since = created.replace(second=0, microsecond=0) - timedelta(minutes=10)
+    until = since + timedelta(minutes=2)
+    done = _manage(
+        "backfill", task.name, "--since", since.isoformat(), "--until", until.isoformat(),
+        "--requested-by", "ops",
+    )
+    assert done.returncode == 0
+    assert done.stderr == (
+        f"warning: 2 slots of this range come before 'every minute' was created "
+        f"({created:%Y-%m-%d %H:%M:%S} UTC): they are run although the task did not exist then\n"
+    )
+    assert done.stdout.endswith(": 2 slots, 2 new runs, 0 already there\n")
+
+
 def test_prune_prints_its_counts_once(make_task):
     task = make_task(every=60)
     old = ledger.database_now() - timedelta(days=40)
