@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
+from django.utils.translation import ngettext
 from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
 from django_celery_beat.models import PeriodicTask
@@ -74,6 +75,19 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
     must be registered in this app (unless ``SCHEDULING_REJECT_UNKNOWN_TASKS`` is off).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Show a registered task name in the "Task (registered)" dropdown, not as a custom one:
+        the saved task's, and the one a refused form brings back in "Task (custom)"."""
+        super().__init__(*args, **kwargs)
+        registered = {value for value, _ in self.fields["regtask"].widget.choices if value}
+        if self.is_bound:
+            name = self.data.get("task", "")
+            if not self.data.get("regtask") and name in registered:
+                self.data = self.data.copy()
+                self.data["regtask"], self.data["task"] = name, ""
+        elif self.instance.task in registered and not self.initial.get("regtask"):
+            self.initial["regtask"], self.initial["task"] = self.instance.task, ""
+
     def _json(self, field: str) -> str:
         value = self.cleaned_data[field]
         try:
@@ -108,6 +122,8 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
 
     form = PeriodicTaskForm
     inlines = [TaskPolicyInline]
+    #: django-celery-beat's, with nothing under an empty crontab field ("Translation: undefined").
+    change_form_template = "admin/scheduling/periodic_task_form.html"
 
     class Media:
         css: ClassVar[dict[str, tuple[str, ...]]] = {"all": (ADMIN_CSS,)}
@@ -294,7 +310,11 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
         )
         self.message_user(
             request,
-            f"{len(tasks)} manual run(s) queued; a beat replica dispatches each exactly once.",
+            ngettext(
+                "%(count)d manual run queued; a beat replica dispatches it exactly once.",
+                "%(count)d manual runs queued; a beat replica dispatches each exactly once.",
+                len(tasks),
+            ) % {"count": len(tasks)},
             messages.SUCCESS,
         )
         return None
@@ -403,7 +423,12 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
                 skipped, extra={"action": "resume"},
             )
             self.message_user(
-                request, f"Resumed {task.name}: {skipped} slots skipped while paused.",
+                request,
+                ngettext(
+                    "Resumed %(task)s: %(count)d slot skipped while paused.",
+                    "Resumed %(task)s: %(count)d slots skipped while paused.",
+                    skipped,
+                ) % {"task": task.name, "count": skipped},
                 messages.SUCCESS,
             )
 

@@ -36,10 +36,10 @@ class BackfillForm(forms.Form):
         data = super().clean()
         since, until = data.get("since"), data.get("until")
         if since is not None and until is not None and until <= since:
-            self.add_error("until", "until must be after since.")
+            self.add_error("until", "Until must be after since.")
         elif until is not None and until > (now := database_now()):
             self.add_error(
-                "until", f"until is in the future: the database clock is {_utc_ms(now)} UTC."
+                "until", f"Until is in the future: the database clock is {_utc_ms(now)} UTC."
             )
         return data
 

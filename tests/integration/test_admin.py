@@ -34,7 +34,10 @@ def test_run_now_creates_one_manual_run_per_task_dispatched_once(admin_client_, 
     first, second = make_task(every=3600), make_task(every=3600)
     response = _run_now(admin_client_, first, second)
     assert response.status_code == 200
-    assert "2 manual run(s) queued" in response.content.decode()
+    assert (
+        "2 manual runs queued; a beat replica dispatches each exactly once."
+        in response.content.decode()
+    )
 
     manual = Run.objects.filter(trigger=Run.Trigger.MANUAL)
     assert sorted(manual.values_list("periodic_task_id", "requested_by")) == [
@@ -44,6 +47,14 @@ def test_run_now_creates_one_manual_run_per_task_dispatched_once(admin_client_, 
     claim(recorder)
     assert sorted(recorder.task_ids) == sorted(manual.values_list("task_id", flat=True))
     assert set(manual.values_list("status", flat=True)) == {Run.Status.DISPATCHED}
+
+
+def test_run_now_of_one_task_says_run_in_the_singular(admin_client_, make_task):
+    response = _run_now(admin_client_, make_task(every=3600))
+    assert (
+        '<li class="success">1 manual run queued; a beat replica dispatches it exactly once.</li>'
+        in response.content.decode()
+    )
 
 
 def test_run_now_needs_the_change_permission(client, make_task):
@@ -160,9 +171,9 @@ def test_backfill_action_needs_the_change_permission(client, make_task):
     ("range_", "error"),
     [
         ({"since": "2026-01-05 10:05:00", "until": "2026-01-05 10:00:00"},
-         "until must be after since."),
+         "Until must be after since."),
         ({"since": "2026-01-05 10:00:00", "until": "2999-01-01 00:00:00"},
-         "until is in the future: the database clock is "),
+         "Until is in the future: the database clock is "),
         ({"since": "not a date", "until": "2026-01-05 10:00:00"}, "Enter a valid date/time."),
     ],
 )

@@ -136,6 +136,32 @@ def test_a_refused_save_keeps_the_saved_tasks_name_in_title_and_breadcrumb(admin
     assert "<h2>nightly: every 60 seconds</h2>" in page
 
 
+def _task_fields(page: str) -> tuple[list[str], str]:
+    """The options selected in "Task (registered)", and the "Task (custom)" input's value."""
+    select = re.search(r'<select name="regtask".*?</select>', page, re.DOTALL)[0]
+    custom = re.search(r'<input type="text" name="task"[^>]*>', page)[0]
+    value = re.search(r'value="([^"]*)"', custom)
+    return re.findall(r'<option value="([^"]*)" selected>', select), value[1] if value else ""
+
+
+def test_a_registered_task_shows_in_the_dropdown_saved_and_after_a_refused_save(admin_client_):
+    interval, _ = IntervalSchedule.objects.get_or_create(every=60, period="seconds")
+    task = PeriodicTask.objects.create(
+        name="nightly", task="project.tasks.send_digest", interval=interval
+    )
+    url = reverse("admin:django_celery_beat_periodictask_change", args=[task.pk])
+    assert _task_fields(admin_client_.get(url).content.decode()) == (
+        ["project.tasks.send_digest"], ""
+    )
+    crontab = CrontabSchedule.objects.create(minute="30", hour="2")
+    refused = admin_client_.post(
+        reverse("admin:django_celery_beat_periodictask_add"),
+        _task_form(name="digest", task="project.tasks.send_digest", crontab=str(crontab.pk)),
+    ).content.decode()
+    assert "Only one of clocked, interval, crontab, or solar must be set" in refused
+    assert _task_fields(refused) == (["project.tasks.send_digest"], "")
+
+
 def test_an_interval_of_zero_is_refused(admin_client_):
     url = reverse("admin:django_celery_beat_intervalschedule_add")
     response = admin_client_.post(url, {"every": "0", "period": "seconds", **_NO_INLINE_TASKS})

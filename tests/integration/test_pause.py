@@ -210,3 +210,19 @@ def test_admin_resume_of_a_task_not_paused_keeps_the_case_of_its_name(client, ma
         r" root</li>",
         page,
     )
+
+
+def test_resume_says_slot_in_the_singular(client, make_task, capsys):
+    """One slot skipped is "1 slot", in the admin's message and in the command's line."""
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    changelist = reverse("admin:django_celery_beat_periodictask_changelist")
+    task, _ = _backdated(make_task, late_by=3.0)
+    ledger.pause(task, by="alice", why="x")
+    page = client.post(
+        changelist, {"action": "resume_tasks", "_selected_action": [task.pk]}, follow=True
+    ).content.decode()
+    assert f"Resumed {task.name}: 1 slot skipped while paused." in page
+    other, _ = _backdated(make_task, late_by=3.0)
+    ledger.pause(other, by="alice", why="x")
+    call_command("scheduling_resume", str(other.pk))
+    assert capsys.readouterr().out.endswith(": 1 slot skipped while paused\n")
