@@ -86,7 +86,13 @@ def check_postgresql(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 @register()
 def check_direct_database(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    """SCHEDULING_DIRECT_DATABASE must name a PostgreSQL alias of DATABASES."""
+    """SCHEDULING_DIRECT_DATABASE must name a PostgreSQL alias of DATABASES.
+
+    Nothing to say while the default database is not PostgreSQL itself: E002 says why, and the
+    setting (left out, it names ``default``) would only repeat it.
+    """
+    if check_postgresql():
+        return []
     alias = conf.direct_database
     try:
         vendor = connections[alias].vendor

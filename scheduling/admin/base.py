@@ -59,6 +59,18 @@ class RecordsActorAdmin(DeclaredPermissionsAdmin):
         with ledger.acting(_actor(request)):
             return super().changeform_view(request, *args, **kwargs)
 
+    def render_change_form(
+        self, request: HttpRequest, context: dict[str, Any], add: bool = False,
+        change: bool = False, form_url: str = "", obj: Any = None,
+    ) -> Any:
+        """Title and breadcrumb name the saved object, also when a save was refused: the form
+        has then written the unsaved values into ``obj`` (a task's name shows its schedule)."""
+        if change and obj is not None and obj.pk is not None and request.method == "POST":
+            saved = type(obj)._default_manager.filter(pk=obj.pk).first()
+            if saved is not None:
+                context.update(original=saved, subtitle=str(saved))
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
     def delete_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         with ledger.acting(_actor(request)):
             return super().delete_view(request, *args, **kwargs)

@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
+from django.utils.translation import ngettext
 from django_celery_beat.admin import PeriodicTaskAdmin as BasePeriodicTaskAdmin
 from django_celery_beat.admin import PeriodicTaskForm as BasePeriodicTaskForm
 from django_celery_beat.models import PeriodicTask
@@ -34,7 +35,13 @@ from scheduling.admin.base import (
     _seconds,
     _utc_ms,
 )
-from scheduling.admin.task_forms import BackfillForm, PauseForm, _range_key, _succeeded_slots
+from scheduling.admin.task_forms import (
+    BackfillForm,
+    PauseForm,
+    _early_slots,
+    _range_key,
+    _succeeded_slots,
+)
 from scheduling.admin_permissions import requiring
 from scheduling.conf import conf
 from scheduling.exceptions import PauseRejected, RunRejected, SchedulingError
@@ -67,6 +74,19 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
     ``messages.load_json``, with the same error text a run would get), and the Celery task name
     must be registered in this app (unless ``SCHEDULING_REJECT_UNKNOWN_TASKS`` is off).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Show a registered task name in the "Task (registered)" dropdown, not as a custom one:
+        the saved task's, and the one a refused form brings back in "Task (custom)"."""
+        super().__init__(*args, **kwargs)
+        registered = {value for value, _ in self.fields["regtask"].widget.choices if value}
+        if self.is_bound:
+            name = self.data.get("task", "")
+            if not self.data.get("regtask") and name in registered:
+                self.data = self.data.copy()
+                self.data["regtask"], self.data["task"] = name, ""
+        elif self.instance.task in registered and not self.initial.get("regtask"):
+            self.initial["regtask"], self.initial["task"] = self.instance.task, ""
 
     def _json(self, field: str) -> str:
         value = self.cleaned_data[field]
@@ -102,6 +122,8 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
 
     form = PeriodicTaskForm
     inlines = [TaskPolicyInline]
+    #: django-celery-beat's, with nothing under an empty crontab field ("Translation: undefined").
+    change_form_template = "admin/scheduling/periodic_task_form.html"
 
     class Media:
         css: ClassVar[dict[str, tuple[str, ...]]] = {"all": (ADMIN_CSS,)}
@@ -288,7 +310,11 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
         )
         self.message_user(
             request,
-            f"{len(tasks)} manual run(s) queued; a beat replica dispatches each exactly once.",
+            ngettext(
+                "%(count)d manual run queued; a beat replica dispatches it exactly once.",
+                "%(count)d manual runs queued; a beat replica dispatches each exactly once.",
+                len(tasks),
+            ) % {"count": len(tasks)},
             messages.SUCCESS,
         )
         return None
@@ -311,17 +337,18 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
 
         The form page comes back, with what was entered, on every error: a bad or future range,
         a task whose backfill failed (the others' runs are created and reported). When slots of
-        the range already succeeded, it says how many and asks once more before running them
-        again.
+        the range already succeeded on schedule and have no backfill run (the slots a backfill
+        runs again), or come before a task was created, it says how many and asks once more.
         """
         form = BackfillForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
             return self._backfill_page(request, form, queryset)
         since, until = form.cleaned_data["since"], form.cleaned_data["until"]
         succeeded = _succeeded_slots(queryset, since, until)
+        early = _early_slots(queryset, since, until)
         confirmed = request.POST.get("confirm") == _range_key(since, until)
-        if succeeded and not confirmed:  # asked again when the range changed
-            return self._backfill_page(request, form, queryset, succeeded=succeeded)
+        if (succeeded or early) and not confirmed:  # asked again when the range changed
+            return self._backfill_page(request, form, queryset, succeeded, early)
         who = request.user.get_username()
         for task in queryset:
             # The admin capitalises a message's first letter: the task's name comes after it.
@@ -345,14 +372,15 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
 
     def _backfill_page(
         self, request: HttpRequest, form: BackfillForm, queryset: QuerySet[PeriodicTask],
-        succeeded: dict[str, int] | None = None,
+        succeeded: dict[str, int] | None = None, early: list[tuple[str, int, str]] | None = None,
     ) -> TemplateResponse:
         return self._action_page(
             request, "backfill.html", "Backfill periodic tasks", form=form, queryset=queryset,
             succeeded=sorted((succeeded or {}).items()),
             succeeded_total=sum((succeeded or {}).values()),
+            early=early or [], early_total=sum(count for _, count, _ in early or []),
             confirm=_range_key(form.cleaned_data["since"], form.cleaned_data["until"])
-            if succeeded else "",
+            if succeeded or early else "",
         )
 
     @admin.action(description="Pause selected tasks (with a reason)", permissions=["change"])
@@ -372,6 +400,10 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
             except PauseRejected as exc:
                 self.message_user(request, str(exc), messages.WARNING)
                 continue
+            logger.info(
+                "paused %r by %s in the admin: %s", task.name, who, form.cleaned_data["why"],
+                extra={"action": "pause"},
+            )
             self.message_user(request, f"Paused {task.name}.", messages.SUCCESS)
         return None
 
@@ -386,8 +418,17 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
                 self.message_user(request, str(exc), messages.WARNING)
                 continue
             skipped = done.run.slots if done.run is not None else 0
+            logger.info(
+                "resumed %r by %s in the admin: %d slots skipped while paused", task.name, who,
+                skipped, extra={"action": "resume"},
+            )
             self.message_user(
-                request, f"Resumed {task.name}: {skipped} slots skipped while paused.",
+                request,
+                ngettext(
+                    "Resumed %(task)s: %(count)d slot skipped while paused.",
+                    "Resumed %(task)s: %(count)d slots skipped while paused.",
+                    skipped,
+                ) % {"task": task.name, "count": skipped},
                 messages.SUCCESS,
             )
 

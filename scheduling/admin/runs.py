@@ -114,7 +114,7 @@ class RunAdmin(ReadOnlyAdmin):
         worker = _cut(run.worker, "worker") if run.worker else ""
         return format_html("{}{}", _cut(run.claimed_by), worker)
 
-    @admin.display(description="slots · exec. · suppr.")
+    @admin.display(description="slots · executions · duplicates dropped")
     def display_counts(self, run: Run) -> str:
         return format_html(
             '<span title="slots {} · executions {} · suppressed duplicates {}">{} · {} · {}</span>',

@@ -43,7 +43,7 @@ class HealthWindowForm(forms.Form):
                 f"A custom range needs both since and until: {given[0]} was given alone."
             )
         if since is not None and until is not None and until <= since:
-            raise forms.ValidationError("until must be after since.")
+            raise forms.ValidationError("Until must be after since.")
         return data
 
     def chosen(self, now: datetime) -> windows.Window:

@@ -8,6 +8,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 from django_celery_beat.admin import ClockedScheduleAdmin as BaseClockedScheduleAdmin
 from django_celery_beat.admin import CrontabScheduleAdmin as BaseCrontabScheduleAdmin
@@ -29,9 +30,19 @@ from scheduling.admin import upcoming_runs
 from scheduling.admin.base import RecordsActorAdmin
 from scheduling.exceptions import ScheduleError
 
+#: Each crontab field as an error names it, and the values it takes.
+_CRONTAB_FIELD_HELP = {
+    "minute": ("minute", "0-59"),
+    "hour": ("hour", "0-23"),
+    "day_of_month": ("day of the month", "1-31"),
+    "month_of_year": ("month", "1-12"),
+    "day_of_week": ("day of the week", "0-6 (0 is Sunday) or sun-sat"),
+}
+
 
 class CrontabScheduleForm(forms.ModelForm):
-    """A crontab that never fires (day 31 of February, say) is refused at input."""
+    """A crontab with an invalid field, or one that never fires (day 31 of February, say), is
+    refused at input: each invalid field gets its own error, naming it."""
 
     class Meta:
         model = CrontabSchedule
@@ -39,14 +50,37 @@ class CrontabScheduleForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if all(data.get(field) not in (None, "") for field in upcoming_runs.CRONTAB_FIELDS):
-            fields = upcoming_runs.CRONTAB_FIELDS
-            candidate = CrontabSchedule(**{field: data[field] for field in fields})
-            try:
-                slots.next_crontab(candidate, timezone.now())
-            except ScheduleError as exc:
-                raise forms.ValidationError(str(exc)) from exc
+        invalid = [name for name in _CRONTAB_FIELD_HELP if not self._field_valid(name)]
+        self.instance.invalid_crontab_fields = tuple(invalid)  # for "human readable"
+        if invalid or not all(data.get(name) not in (None, "") for name in _CRONTAB_FIELD_HELP):
+            return data
+        fields = upcoming_runs.CRONTAB_FIELDS
+        candidate = CrontabSchedule(**{field: data.get(field) for field in fields})
+        try:
+            slots.next_crontab(candidate, timezone.now())
+        except ScheduleError as exc:
+            raise forms.ValidationError(str(exc)) from exc
         return data
+
+    def _field_valid(self, name: str) -> bool:
+        """Check one field with the model's own validator; add its error, naming the field."""
+        if name in self.errors:
+            return False
+        value = self.cleaned_data.get(name)
+        if value in (None, ""):
+            return True  # the field's own "required" error
+        try:
+            for validate in CrontabSchedule._meta.get_field(name).validators:
+                validate(value)
+        except ValidationError:
+            label, allowed = _CRONTAB_FIELD_HELP[name]
+            self.add_error(
+                name,
+                f"Invalid {label} {value!r}: use {allowed}, *, lists (1,2), ranges (1-5) or "
+                "steps (*/15).",
+            )
+            return False
+        return True
 
 
 admin.site.unregister(CrontabSchedule)
@@ -65,6 +99,14 @@ class CrontabScheduleAdmin(
 
     def saved_task(self, obj: CrontabSchedule) -> PeriodicTask:
         return upcoming_runs.crontab_task(obj, ledger.database_now())
+
+    @admin.display(description="human readable")
+    def human_readable(self, obj: CrontabSchedule) -> str:
+        """The crontab in words; nothing taken for valid while a field the form refused is in
+        it (the form refused it: the error is beside the field)."""
+        if getattr(obj, "invalid_crontab_fields", ()):
+            return "- (correct the fields marked below)"
+        return obj.human_readable
 
     def edited_task(self, form: forms.ModelForm, now: datetime) -> PeriodicTask:
         """The crontab as edited, for a task without a start time that uses it."""

@@ -42,7 +42,13 @@ from scheduling.ledger.execution import (
 )
 from scheduling.ledger.floor import DueFloor
 from scheduling.ledger.lost import LostExecutions, close_lost_executions
-from scheduling.ledger.manual import BackfillProgress, backfill, request_run, run_now_refusal
+from scheduling.ledger.manual import (
+    BackfillProgress,
+    backfill,
+    request_run,
+    run_now_refusal,
+    slots_before_creation,
+)
 from scheduling.ledger.overdue import Overdue, mark_overdue
 from scheduling.ledger.pausing import pause, resume
 from scheduling.ledger.planning import plan_missing
@@ -118,4 +124,5 @@ __all__ = [
     "run_now_refusal",
     "server_address",
     "set_actor",
+    "slots_before_creation",
 ]

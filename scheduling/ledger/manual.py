@@ -18,7 +18,7 @@ from scheduling import slots
 from scheduling.clock import database_now
 from scheduling.exceptions import BackfillRejected, RunNowRefused
 from scheduling.ledger.writes import definition_version, insert_runs, planned_run
-from scheduling.models import Run
+from scheduling.models import Run, TaskHistory
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,31 @@ def _finished(task: PeriodicTask, now: datetime) -> str:
 
 def _utc(moment: datetime) -> str:
     return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def slots_before_creation(
+    task: PeriodicTask, since: datetime, until: datetime, using: str = "default"
+) -> tuple[int, datetime | None]:
+    """Count the slots of ``task`` in ``[since, until)`` from before it existed.
+
+    Return ``(count, created)``: ``created`` is when the task was created (its edit history's
+    creation entry, an aware datetime), ``count`` its slots in the range before that moment,
+    which a backfill would run although the task did not exist then. A task with a
+    ``start_time`` exists from it (no slot comes before a start time), so it has none; so has a
+    task whose creation the history did not record: ``(0, None)``. Raises ScheduleError for a
+    broken schedule.
+    """
+    if task.start_time is not None:
+        return 0, None
+    created = (
+        TaskHistory.objects.using(using)
+        .filter(periodic_task_id=task.pk, kind=TaskHistory.Kind.TASK,
+                operation=TaskHistory.Operation.CREATED)
+        .order_by("version").values_list("changed_at", flat=True).first()
+    )
+    if created is None or since >= created:
+        return 0, created
+    return sum(1 for _ in slots.slots_between(task, since, min(until, created))), created
 
 
 @dataclass(frozen=True)

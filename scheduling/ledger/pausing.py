@@ -51,8 +51,8 @@ def pause(task: PeriodicTask, *, by: str, why: str = "", using: str = "default")
     except IntegrityError as exc:
         since = Pause.objects.using(using).open().filter(periodic_task=task).first()
         when = f" since {since.paused_at.isoformat()} by {since.paused_by}" if since else ""
-        raise PauseRejected(f"{task.name} is already paused{when}") from exc
-    logger.info(
+        raise PauseRejected(f"{task.name!r} is already paused{when}") from exc
+    logger.debug(  # the caller reports it (the command's line, the admin's message and log line)
         "paused %s by %s: %s", task.name, made.paused_by, why or "-",
         extra={"action": "pause"},
     )
@@ -82,7 +82,7 @@ def resume(task: PeriodicTask, *, by: str, using: str = "default") -> Pause:
             .select_for_update(of=("self",)).first()
         )
         if current is None:
-            raise PauseRejected(f"{task.name} is not paused")
+            raise PauseRejected(f"{task.name!r} is not paused")
         now = database_now(using)
         tasks = PeriodicTask.objects.using(using)
         task = tasks.select_related(*TASK_RELATED, "scheduling_policy").get(pk=task.pk)
@@ -101,7 +101,7 @@ def resume(task: PeriodicTask, *, by: str, using: str = "default") -> Pause:
             insert_pending([(task, following)], using)
         current.resumed_at, current.resumed_by = now, by[:WHO_LIMIT]
         current.save(update_fields=["resumed_at", "resumed_by", "run"])
-    logger.info(
+    logger.debug(  # the caller reports it (the command's line, the admin's message and log line)
         "resumed %s by %s after %.0f s paused: %d slots skipped, next slot %s",
         task.name, current.resumed_by, (now - current.paused_at).total_seconds(),
         skipped.slots if skipped is not None else 0, following,

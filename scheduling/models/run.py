@@ -183,19 +183,27 @@ class Run(models.Model):
     )
     periodic_task_name = models.CharField(max_length=200)
     task = models.CharField("Celery task", max_length=200)
-    scheduled_for = models.DateTimeField(help_text="Nominal instant of the run (UTC).")
+    scheduled_for = models.DateTimeField(
+        help_text="The slot of the schedule this run is for (UTC); for a manual run, when it was "
+        "asked for."
+    )
+    # Left out of an INSERT, a trigger sets it to scheduled_for (sql/schema.sql, run_due_at).
     due_at = models.DateTimeField(
-        help_text="When the run is due (UTC): scheduled_for plus the task's jitter offset. "
-        "Lateness is measured from it. Left empty on insert, the database sets scheduled_for.",
+        help_text="When the run became due (UTC): its slot, plus the task's jitter when it has "
+        "one. Lateness counts from here.",
     )
     trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.SCHEDULE)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    reason = models.TextField(blank=True, help_text="Why the run was missed, skipped, cancelled.")
+    reason = models.TextField(blank=True, help_text="Why the run was missed, skipped or cancelled.")
     task_id = models.CharField(
-        "Celery task id", max_length=255, help_text="Derived from (periodic task, scheduled_for)."
+        "Celery task id", max_length=255,
+        help_text="The id Celery and the workers' logs know this run by; the same for every "
+        "delivery of the run.",
     )
     slots = models.PositiveIntegerField(
-        default=1, help_text="Number of schedule slots this run stands for (coalesced misfires)."
+        default=1,
+        help_text="How many slots of the schedule this run stands for: more than 1 when missed "
+        "slots were run once together, or slots passed while the task was paused.",
     )
     planned_at = models.DateTimeField(db_default=Now())
     claimed_by = models.CharField("replica", max_length=255, blank=True)
@@ -206,46 +214,46 @@ class Run(models.Model):
     error = models.TextField(blank=True)
     requested_by = models.CharField(max_length=150, blank=True)
     retries = models.PositiveIntegerField(
-        default=0, help_text="Celery's request.retries of the latest execution (0: first try)."
+        default=0, help_text="How many times Celery retried the task (0: no retry)."
     )
     executions = models.PositiveIntegerField(
-        default=0, help_text="Deliveries whose task body ran (retries and re-executions included)."
+        default=0,
+        help_text="How many times the task's code ran for this run, retries and re-runs included.",
     )
     suppressed = models.PositiveIntegerField(
-        default=0, help_text="Duplicate deliveries of this run dropped without running the body."
+        default=0,
+        help_text="Duplicate deliveries of this run, dropped without running the task's code.",
     )
     republished = models.PositiveIntegerField(
         default=0,
-        help_text="Times a replica re-published this run's message with the same task id (no "
-        "worker started it within the delivery deadline, or its worker was lost and the task "
-        "recovers).",
+        help_text="How many times the run was sent to the workers again, as the same run: no "
+        "worker had started it within the delivery deadline, or its worker was lost and the "
+        "task is set to recover.",
     )
     republished_at = models.DateTimeField(null=True, blank=True)
     events = models.JSONField(
         null=True,
         blank=True,
-        help_text="What happened to the run after its dispatch, in order: each re-publish and "
-        "each Celery retry, as [{\"at\": ISO time (database clock, UTC), \"kind\": "
-        "\"republished\" | \"recovered\" | \"retry\", \"detail\": text}]; empty for a run "
-        "that had none.",
+        help_text="What happened to the run after it was sent, in order, each with its time "
+        "(UTC): sent again, recovered after a lost worker, retried by Celery. Empty when none "
+        "of these happened.",
     )
     buffered_at = models.DateTimeField(
         null=True,
         blank=True,
-        help_text="When the claim buffered the run behind its task's unfinished run (overlap "
-        "policy buffer one; database clock); kept once the run is released and dispatched.",
+        help_text="When the run was held back because the task's previous run had not finished "
+        "(overlap policy \"buffer one\"; UTC). Kept after the run was sent.",
     )
     overdue_at = models.DateTimeField(
         null=True,
         blank=True,
-        help_text="When a replica found the run not succeeded past its task's success deadline "
-        "(database clock); set once, by one replica (scheduling.overdue_watch).",
+        help_text="When the run was found not succeeded past its task's success deadline (UTC).",
     )
     definition_version = models.PositiveIntegerField(
         null=True,
         blank=True,
-        help_text="The task's definition version this run was planned from (its edit history "
-        "entry); empty for runs planned before the history began.",
+        help_text="The version of the task's settings this run was planned from, as listed in "
+        "the task's edit history. Empty for runs planned before the history began.",
     )
 
     objects = RunQuerySet.as_manager()

@@ -40,11 +40,11 @@ OLD_CHAIN = "17fdc8db76572b7f15401c98c3001d0f0ef995c0"
 SHOWN = (
     "scheduling\n [X] 0001_initial (21 squashed migrations)\n [X] 0002_buffer_one\n"
     " [X] 0003_history_in_one_statement\n [X] 0004_guard_execution_functions\n"
-    " [X] 0005_edit_history_entries\n"
+    " [X] 0005_edit_history_entries\n [X] 0006_operator_help_texts\n"
 )
 #: The migrations after 0001, in order.
 AFTER = ("0002_buffer_one", "0003_history_in_one_statement", "0004_guard_execution_functions",
-         "0005_edit_history_entries")
+         "0005_edit_history_entries", "0006_operator_help_texts")
 #: A periodic task written before the upgrade, edited after it (the triggers keep working).
 SEED = (
     "from django_celery_beat.models import IntervalSchedule, PeriodicTask\n"

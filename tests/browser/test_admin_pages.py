@@ -251,7 +251,7 @@ def test_runs_list_and_task_page_fit_with_status_badges(page):
     page.wait_for_selector("#result_list")
     _fits(page, "runs_list")
     headers = page.locator("#result_list thead th").all_text_contents()
-    assert [h.strip().lower() for h in headers][-3:] == ["replica · worker", "runtime", "slots · exec. · suppr."]
+    assert [h.strip().lower() for h in headers][-3:] == ["replica · worker", "runtime", "slots · executions · duplicates dropped"]
     badge = page.locator("#result_list td.field-display_status .run-badge").first
     assert badge.evaluate("b => getComputedStyle(b).backgroundColor") != "rgba(0, 0, 0, 0)"
     replica = page.locator(

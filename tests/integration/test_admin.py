@@ -34,7 +34,10 @@ def test_run_now_creates_one_manual_run_per_task_dispatched_once(admin_client_, 
     first, second = make_task(every=3600), make_task(every=3600)
     response = _run_now(admin_client_, first, second)
     assert response.status_code == 200
-    assert "2 manual run(s) queued" in response.content.decode()
+    assert (
+        "2 manual runs queued; a beat replica dispatches each exactly once."
+        in response.content.decode()
+    )
 
     manual = Run.objects.filter(trigger=Run.Trigger.MANUAL)
     assert sorted(manual.values_list("periodic_task_id", "requested_by")) == [
@@ -44,6 +47,14 @@ def test_run_now_creates_one_manual_run_per_task_dispatched_once(admin_client_, 
     claim(recorder)
     assert sorted(recorder.task_ids) == sorted(manual.values_list("task_id", flat=True))
     assert set(manual.values_list("status", flat=True)) == {Run.Status.DISPATCHED}
+
+
+def test_run_now_of_one_task_says_run_in_the_singular(admin_client_, make_task):
+    response = _run_now(admin_client_, make_task(every=3600))
+    assert (
+        '<li class="success">1 manual run queued; a beat replica dispatches it exactly once.</li>'
+        in response.content.decode()
+    )
 
 
 def test_run_now_needs_the_change_permission(client, make_task):
@@ -160,9 +171,9 @@ def test_backfill_action_needs_the_change_permission(client, make_task):
     ("range_", "error"),
     [
         ({"since": "2026-01-05 10:05:00", "until": "2026-01-05 10:00:00"},
-         "until must be after since."),
+         "Until must be after since."),
         ({"since": "2026-01-05 10:00:00", "until": "2999-01-01 00:00:00"},
-         "until is in the future: the database clock is "),
+         "Until is in the future: the database clock is "),
         ({"since": "not a date", "until": "2026-01-05 10:00:00"}, "Enter a valid date/time."),
     ],
 )
@@ -191,7 +202,10 @@ def test_backfill_over_succeeded_slots_warns_with_the_count_then_runs_on_confirm
         )
     range_ = {"since": "2026-01-05 10:00:00", "until": "2026-01-05 10:05:00", "apply": "1"}
     warned = _backfill_action(admin_client_, task, **range_).content.decode()
-    assert "2 slots of this range already succeeded: a backfill runs them again." in warned
+    assert (
+        "2 slots of this range already succeeded on schedule and have no backfill run: a backfill"
+        " runs them again." in warned
+    )
     assert "<li>minutely: 2 slots</li>" in warned
     assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 0
 
@@ -205,6 +219,87 @@ def test_backfill_over_succeeded_slots_warns_with_the_count_then_runs_on_confirm
     done = _backfill_action(admin_client_, task, confirm=confirm, **range_).content.decode()
     assert "5 slots, 5 new backfill runs (0 already there)." in done
     assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 5
+
+
+def test_backfill_warning_leaves_out_manual_runs(admin_client_, make_task):
+    """A "run now" in the range is no slot of it: the backfill goes ahead without a warning."""
+    from tests.conftest import utc
+
+    task = make_task(every=60, start_time=utc(2026, 1, 5, 10, 0), name="minutely")
+    Run.objects.create(
+        periodic_task=task, periodic_task_name=task.name, task=task.task,
+        scheduled_for=utc(2026, 1, 5, 10, 1, 17), trigger=Run.Trigger.MANUAL,
+        status=Run.Status.SUCCEEDED, task_id="manual",
+    )
+    range_ = {"since": "2026-01-05 10:00:00", "until": "2026-01-05 10:03:00", "apply": "1"}
+    done = _backfill_action(admin_client_, task, **range_).content.decode()
+    assert "already succeeded" not in done
+    assert "Backfill of &#x27;minutely&#x27;: 3 slots, 3 new backfill runs (0 already there)." in done
+    assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 3
+
+
+def test_backfill_warning_counts_only_the_slots_it_runs_again(admin_client_, make_task):
+    """A slot that has a backfill run is not run again: repeating a backfill warns of nothing."""
+    from tests.conftest import utc
+
+    task = make_task(every=60, start_time=utc(2026, 1, 5, 10, 0), name="minutely")
+    for minute in (0, 1):
+        Run.objects.create(
+            periodic_task=task, periodic_task_name=task.name, task=task.task,
+            scheduled_for=utc(2026, 1, 5, 10, minute), status=Run.Status.SUCCEEDED,
+            task_id=f"t-{minute}",
+        )
+    range_ = {"since": "2026-01-05 10:00:00", "until": "2026-01-05 10:03:00", "apply": "1"}
+    confirm = "2026-01-05T10:00:00+00:00/2026-01-05T10:03:00+00:00"
+    _backfill_action(admin_client_, task, confirm=confirm, **range_)
+    Run.objects.filter(trigger=Run.Trigger.BACKFILL).update(status=Run.Status.SUCCEEDED)
+
+    again = _backfill_action(admin_client_, task, **range_).content.decode()
+    assert "already succeeded" not in again
+    assert "Backfill of &#x27;minutely&#x27;: 3 slots, 0 new backfill runs (3 already there)." in again
+
+    wider = {**range_, "until": "2026-01-05 10:05:00"}
+    Run.objects.create(
+        periodic_task=task, periodic_task_name=task.name, task=task.task,
+        scheduled_for=utc(2026, 1, 5, 10, 3), status=Run.Status.SUCCEEDED, task_id="t-3",
+    )
+    warned = _backfill_action(admin_client_, task, **wider).content.decode()
+    assert (
+        "1 slot of this range already succeeded on schedule and has no backfill run: a backfill"
+        " runs it again." in warned
+    )
+    assert "<li>minutely: 1 slot</li>" in warned
+    assert 'name="apply" value="Run 1 succeeded slot again and backfill"' in warned
+
+
+def test_backfill_before_the_task_was_created_warns_then_runs_on_confirm(
+    admin_client_, make_task
+):
+    from datetime import timedelta
+
+    from scheduling.models import TaskHistory
+
+    task = make_task(cron="* * * * *", name="every minute")
+    created = TaskHistory.objects.get(periodic_task_id=task.pk, operation="created").changed_at
+    since = created.astimezone(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
+    until = since + timedelta(minutes=3)
+    range_ = {"since": f"{since:%Y-%m-%d %H:%M:%S}", "until": f"{until:%Y-%m-%d %H:%M:%S}",
+              "apply": "1"}
+    warned = _backfill_action(admin_client_, task, **range_).content.decode()
+    assert (
+        "3 slots of this range come before the task was created: a backfill runs them although"
+        " the task did not exist then." in warned
+    )
+    at = f"{created.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+    assert f"<li>every minute: 3 slots before its creation at {at} UTC</li>" in warned
+    assert 'name="apply" value="Backfill 3 slots from before the task existed"' in warned
+    assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 0
+
+    confirm = f"{since.isoformat()}/{until.isoformat()}"
+    assert f'name="confirm" value="{confirm}"' in warned
+    done = _backfill_action(admin_client_, task, confirm=confirm, **range_).content.decode()
+    assert "Backfill of &#x27;every minute&#x27;: 3 slots, 3 new backfill runs" in done
+    assert Run.objects.filter(trigger=Run.Trigger.BACKFILL).count() == 3
 
 
 def test_backfill_keeps_the_form_when_a_task_fails_and_backfills_the_others(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
@@ -101,6 +103,63 @@ def test_a_crontab_that_never_fires_is_refused_and_a_rare_one_is_saved(admin_cli
                                                  day_of_week="1"))
     assert rare.status_code == 302
     assert CrontabSchedule.objects.count() == 1
+
+
+def test_each_invalid_crontab_field_gets_its_own_error_and_no_words(admin_client_):
+    """Minute 99 and hour abc: two errors, each naming its field (not one about a weekday), and
+    "human readable" does not put the refused text into words."""
+    url = reverse("admin:django_celery_beat_crontabschedule_add")
+    page = admin_client_.post(url, _crontab_form(minute="99", hour="abc")).content.decode()
+    errors = re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', page, re.DOTALL)
+    assert [re.sub(r"<[^>]+>", "", e) for e in errors] == [
+        "Invalid minute &#x27;99&#x27;: use 0-59, *, lists (1,2), ranges (1-5) or steps (*/15).",
+        "Invalid hour &#x27;abc&#x27;: use 0-23, *, lists (1,2), ranges (1-5) or steps (*/15).",
+    ]
+    readable = re.search(r'field-human_readable.*?<div class="readonly">(.*?)</div>', page, re.DOTALL)
+    assert readable[1] == "- (correct the fields marked below)"
+    assert CrontabSchedule.objects.count() == 0
+
+
+def test_a_refused_save_keeps_the_saved_tasks_name_in_title_and_breadcrumb(admin_client_):
+    interval, _ = IntervalSchedule.objects.get_or_create(every=60, period="seconds")
+    task = PeriodicTask.objects.create(
+        name="nightly", task="project.tasks.record", interval=interval
+    )
+    crontab = CrontabSchedule.objects.create(minute="30", hour="2")
+    url = reverse("admin:django_celery_beat_periodictask_change", args=[task.pk])
+    page = admin_client_.post(url, _task_form(crontab=str(crontab.pk))).content.decode()
+    assert "Only one of clocked, interval, crontab, or solar must be set" in page
+    title = re.search(r"<title>(.*?)</title>", page, re.DOTALL)[1]
+    assert title == "Error: nightly: every 60 seconds | Change periodic task | Django site admin"
+    crumbs = page.split('<div class="breadcrumbs">', 1)[1].split("</div>", 1)[0]
+    assert crumbs.strip().splitlines()[-1].strip() == "&rsaquo; nightly: every 60 seconds"
+    assert "<h2>nightly: every 60 seconds</h2>" in page
+
+
+def _task_fields(page: str) -> tuple[list[str], str]:
+    """The options selected in "Task (registered)", and the "Task (custom)" input's value."""
+    select = re.search(r'<select name="regtask".*?</select>', page, re.DOTALL)[0]
+    custom = re.search(r'<input type="text" name="task"[^>]*>', page)[0]
+    value = re.search(r'value="([^"]*)"', custom)
+    return re.findall(r'<option value="([^"]*)" selected>', select), value[1] if value else ""
+
+
+def test_a_registered_task_shows_in_the_dropdown_saved_and_after_a_refused_save(admin_client_):
+    interval, _ = IntervalSchedule.objects.get_or_create(every=60, period="seconds")
+    task = PeriodicTask.objects.create(
+        name="nightly", task="project.tasks.send_digest", interval=interval
+    )
+    url = reverse("admin:django_celery_beat_periodictask_change", args=[task.pk])
+    assert _task_fields(admin_client_.get(url).content.decode()) == (
+        ["project.tasks.send_digest"], ""
+    )
+    crontab = CrontabSchedule.objects.create(minute="30", hour="2")
+    refused = admin_client_.post(
+        reverse("admin:django_celery_beat_periodictask_add"),
+        _task_form(name="digest", task="project.tasks.send_digest", crontab=str(crontab.pk)),
+    ).content.decode()
+    assert "Only one of clocked, interval, crontab, or solar must be set" in refused
+    assert _task_fields(refused) == (["project.tasks.send_digest"], "")
 
 
 def test_an_interval_of_zero_is_refused(admin_client_):

@@ -121,7 +121,7 @@ def test_health_windows_and_a_custom_range(staff):
     assert _cells(custom, escaped(SYNC))["runs"] == "3"
     assert _cells(custom, escaped(SYNC))["max"] == "90.000 s"
     wrong = staff.get(HEALTH, {"since": until, "until": since}).content.decode()
-    assert "until must be after since." in wrong
+    assert "Until must be after since." in wrong
     assert "Schedule health: the last 24 hours" in wrong
     # Issue 33: both given, one not a date: that field's error, not "needs both".
     bad = staff.get(HEALTH, {"since": "yesterday", "until": until}).content.decode()

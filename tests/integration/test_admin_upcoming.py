@@ -22,8 +22,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 PREVIEW = "admin:django_celery_beat_periodictask_upcoming_preview"
 ROW = re.compile(
-    r"<tr(?: class=\"dst-change\")?><td>(\d+)</td><td>([^<]*)</td><td>([^<]*)</td>"
-    r"<td>([^<]*)</td><td>(?:<strong>)?([^<]*)(?:</strong>)?</td></tr>"
+    r"<tr(?: class=\"dst-change\")?><td>(\d+)</td><td>([^<]*)</td>(?:<td>([^<]*)</td>"
+    r"<td>([^<]*)</td>)?<td>(?:<strong>)?([^<]*)(?:</strong>)?</td></tr>"
 )
 #: 2027-03-25 to 2027-04-03 of "30 2 * * *" in Europe/Berlin: (UTC, local, offset, note).
 BERLIN_ROWS = [
@@ -117,6 +117,19 @@ def test_the_preview_of_an_interval_counts_from_the_save(admin_client_, make_tas
     assert [row[0] for row in _rows(shown)] == [
         f"2027-03-25 00:{m:02d}:{s:02d}" for m, s in
         ((1, 30), (3, 0), (4, 30), (6, 0), (7, 30), (9, 0), (10, 30), (12, 0), (13, 30), (15, 0))
+    ]
+
+
+def test_a_utc_schedule_shows_its_slots_in_one_column(admin_client_, make_task):
+    """In UTC, "in UTC" and "UTC offset" would repeat the slot and +00:00: one column."""
+    task = make_task(cron="30 2 * * *", timezone="UTC", start_time=utc(2027, 3, 25))
+    page = admin_client_.get(
+        reverse("admin:django_celery_beat_periodictask_change", args=[task.pk])
+    ).content.decode()
+    assert "<thead><tr><th>#</th><th>slot (UTC)</th><th></th></tr></thead>" in page
+    assert "<tr><td>1</td><td>2027-03-25 02:30:00</td><td></td></tr>" in page
+    assert _rows(page)[:2] == [
+        ("2027-03-25 02:30:00", "", "", ""), ("2027-03-26 02:30:00", "", "", "")
     ]
 
 

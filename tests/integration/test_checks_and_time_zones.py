@@ -49,6 +49,14 @@ def test_another_database_vendor_is_a_system_check_error(monkeypatch):
     ]
 
 
+@pytest.mark.django_db
+def test_another_database_vendor_is_reported_once_not_again_as_the_direct_database(monkeypatch):
+    """On SQLite, E002 says why; E004 about SCHEDULING_DIRECT_DATABASE, never set, is not added."""
+    monkeypatch.setattr(connections["default"], "vendor", "sqlite")
+    found = [e.id for e in run_checks() if e.id.startswith("scheduling.E")]
+    assert found == ["scheduling.E002"]
+
+
 ZONES = [
     ("UTC", "UTC"),
     ("Asia/Tokyo", "Pacific/Auckland"),

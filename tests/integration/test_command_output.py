@@ -76,6 +76,38 @@ def test_backfill_prints_its_result_once(make_task):
     )
 
 
+def test_pause_and_resume_print_their_result_once(make_task):
+    task = make_task(every=3600, name="demo: digest every 5 s")
+    paused = _manage("scheduling_pause", task.name, "--reason", "vendor down", "--by", "ops")
+    assert (paused.returncode, paused.stderr) == (0, "")
+    assert re.fullmatch(r"paused demo: digest every 5 s at \S+ by ops\n", paused.stdout)
+    resumed = _manage("scheduling_resume", task.name, "--by", "ops")
+    assert (resumed.returncode, resumed.stderr) == (0, "")
+    assert re.fullmatch(
+        r"resumed demo: digest every 5 s at \S+ by ops: 0 slots skipped while paused\n",
+        resumed.stdout,
+    )
+
+
+def test_backfill_warns_of_slots_from_before_the_task_was_created(make_task):
+    from scheduling.models import TaskHistory
+
+    task = make_task(cron="* * * * *", name="every minute")
+    created = TaskHistory.objects.get(periodic_task_id=task.pk, operation="created").changed_at
+    since = created.replace(second=0, microsecond=0) - timedelta(minutes=10)
+    until = since + timedelta(minutes=2)
+    done = _manage(
+        "backfill", task.name, "--since", since.isoformat(), "--until", until.isoformat(),
+        "--requested-by", "ops",
+    )
+    assert done.returncode == 0
+    assert done.stderr == (
+        f"warning: 2 slots of this range come before 'every minute' was created "
+        f"({created:%Y-%m-%d %H:%M:%S} UTC): they are run although the task did not exist then\n"
+    )
+    assert done.stdout.endswith(": 2 slots, 2 new runs, 0 already there\n")
+
+
 def test_prune_prints_its_counts_once(make_task):
     task = make_task(every=60)
     old = ledger.database_now() - timedelta(days=40)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import re
 from datetime import timedelta
 
 import pytest
@@ -105,7 +106,7 @@ def test_a_pause_shorter_than_the_slot_leaves_the_pending_run(make_task, recorde
 
 def test_pause_twice_and_resume_unpaused_are_refused(make_task):
     task = make_task(every=3600)
-    with pytest.raises(PauseRejected, match="is not paused"):
+    with pytest.raises(PauseRejected, match=f"^'{task.name}' is not paused$"):
         ledger.resume(task, by="alice")
     ledger.pause(task, by="alice", why="one")
     with pytest.raises(PauseRejected, match="is already paused since .* by alice"):
@@ -184,3 +185,44 @@ def test_admin_pause_asks_why_and_the_task_page_says_since_when(client, make_tas
     assert paused.resumed_by == "root"
     page = client.get(reverse("admin:django_celery_beat_periodictask_change", args=[task.pk]))
     assert "Not paused." in page.content.decode() and "vendor down" in page.content.decode()
+
+
+def test_admin_resume_of_a_task_not_paused_keeps_the_case_of_its_name(client, make_task):
+    """The admin capitalises a message's first letter: the task's name is never that letter."""
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    task = make_task(every=3600, name="demo: digest every 5 s")
+    changelist = reverse("admin:django_celery_beat_periodictask_changelist")
+    page = client.post(
+        changelist, {"action": "resume_tasks", "_selected_action": [task.pk]}, follow=True
+    ).content.decode()
+    assert '<li class="warning">&#x27;demo: digest every 5 s&#x27; is not paused</li>' in page
+    client.post(
+        changelist,
+        {"action": "pause_tasks", "_selected_action": [task.pk], "apply": "1", "why": "x"},
+    )
+    page = client.post(
+        changelist,
+        {"action": "pause_tasks", "_selected_action": [task.pk], "apply": "1", "why": "y"},
+        follow=True,
+    ).content.decode()
+    assert re.search(
+        r'<li class="warning">&#x27;demo: digest every 5 s&#x27; is already paused since \S+ by'
+        r" root</li>",
+        page,
+    )
+
+
+def test_resume_says_slot_in_the_singular(client, make_task, capsys):
+    """One slot skipped is "1 slot", in the admin's message and in the command's line."""
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    changelist = reverse("admin:django_celery_beat_periodictask_changelist")
+    task, _ = _backdated(make_task, late_by=3.0)
+    ledger.pause(task, by="alice", why="x")
+    page = client.post(
+        changelist, {"action": "resume_tasks", "_selected_action": [task.pk]}, follow=True
+    ).content.decode()
+    assert f"Resumed {task.name}: 1 slot skipped while paused." in page
+    other, _ = _backdated(make_task, late_by=3.0)
+    ledger.pause(other, by="alice", why="x")
+    call_command("scheduling_resume", str(other.pk))
+    assert capsys.readouterr().out.endswith(": 1 slot skipped while paused\n")

@@ -134,7 +134,7 @@ def test_the_admin_action_asks_to_confirm_naming_why(client, finished_tasks, mak
     done = client.post(
         url, {"action": "run_tasks", "_selected_action": selected, "confirm": "yes"}, follow=True
     )
-    assert "3 manual run(s) queued" in done.content.decode()
+    assert "3 manual runs queued" in done.content.decode()
     assert sorted(
         Run.objects.filter(trigger=Run.Trigger.MANUAL).values_list("periodic_task_id", flat=True)
     ) == sorted(selected)

@@ -95,8 +95,21 @@ def test_the_raw_fields_show_their_moments_to_the_millisecond_in_utc(page):
         "Finished at": "2026-07-06 07:05:03.801", "Republished at": "2026-07-06 07:05:01.262",
         "Overdue at": "-",
     }
-    assert ('2026-07-06 07:00:00.000<div class="help">Nominal instant of the run (UTC).</div>'
-            in raw)  # the column's help text under it, as for every other raw field
+    assert (
+        '2026-07-06 07:00:00.000<div class="help">The slot of the schedule this run is for (UTC);'
+        " for a manual run, when it was asked for.</div>" in raw
+    )  # the column's help text under it, as for every other raw field
+
+
+def test_the_raw_fields_help_texts_are_written_for_an_operator(page):
+    helps = re.findall(r'<div class="help">(.*?)</div>', page[page.index("Raw fields"):])
+    assert (
+        "When the run became due (UTC): its slot, plus the task&#x27;s jitter when it has one."
+        " Lateness counts from here." in helps
+    )
+    developer = ("scheduled_for", "ISO time", "[{", "request.retries", "database clock",
+                 "scheduling.", "re-publish", "dispatch")
+    assert [h for h in helps if any(word in h for word in developer)] == []
 
 
 def test_a_backfill_run_s_lateness_is_not_measured(client, make_task):

@@ -137,3 +137,33 @@ def test_every_quoted_default_is_the_declared_one(page):
         if where.startswith(prefix) and said != declared
     ]
     assert wrong == []
+
+
+def test_the_supported_pythons_agree_across_pyproject_readme_and_install():
+    """pyproject's classifiers are the versions; README and docs/install.md say the same."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    versions = [
+        c.rsplit(" :: ", 1)[1] for c in project["classifiers"]
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    ]
+    assert versions == ["3.11", "3.12", "3.13", "3.14"]
+    install = (ROOT / "docs" / "install.md").read_text()
+    row = re.search(r"^\| Python \| (.*?) \| `(.*?)` \|$", install, re.MULTILINE)
+    assert row.groups() == (
+        ", ".join(versions), f'requires-python = "{project["requires-python"]}"'
+    )
+    readme = (ROOT / "README.md").read_text()
+    assert f"Python {versions[0]} to {versions[-1]}" in readme
+
+
+def test_the_status_example_has_the_commands_columns():
+    """docs/operating.md's scheduling_status table heads the columns the command prints."""
+    from scheduling.management.commands.scheduling_status import HEADERS
+
+    text = (ROOT / "docs" / "operating.md").read_text()
+    example = text.split("On a terminal 120 columns wide:\n\n```\n", 1)[1].split("```", 1)[0]
+    header = next(line for line in example.splitlines() if line.startswith("┃"))
+    assert [cell.strip() for cell in header.strip("┃").split("┃")] == list(HEADERS)
+    assert {len(line) for line in example.splitlines()[1:]} == {120}

@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.translation import ngettext
+from django_celery_beat.models import PeriodicTask
 
 from scheduling import ledger
 from scheduling.console import progress
@@ -44,6 +46,7 @@ class Command(BaseCommand):
         since, until = _instant(options["since"]), _instant(options["until"])
         who = options["requested_by"] or f"command:{getpass.getuser()}"
 
+        self._warn_before_creation(task, since, until)
         try:
             with progress(f"backfill {task.name}", total=100) as advance:
                 done = 0.0
@@ -64,3 +67,21 @@ class Command(BaseCommand):
             f"{total.slots} slots, {total.created} new runs, "
             f"{total.slots - total.created} already there"
         )
+
+    def _warn_before_creation(self, task: PeriodicTask, since: datetime, until: datetime) -> None:
+        """Say on stderr how many slots of the range come before the task was created."""
+        try:
+            early, created = ledger.slots_before_creation(task, since, until)
+        except SchedulingError:
+            return  # the backfill says what is wrong with the schedule
+        if early and created is not None:
+            self.stderr.write(
+                ngettext(
+                    "warning: %(n)d slot of this range comes before %(task)r was created "
+                    "(%(created)s UTC): it is run although the task did not exist then",
+                    "warning: %(n)d slots of this range come before %(task)r was created "
+                    "(%(created)s UTC): they are run although the task did not exist then",
+                    early,
+                ) % {"n": early, "task": task.name,
+                     "created": f"{created.astimezone(UTC):%Y-%m-%d %H:%M:%S}"}
+            )

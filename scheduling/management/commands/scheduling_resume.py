@@ -6,6 +6,7 @@ import getpass
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.translation import ngettext
 
 from scheduling import ledger
 from scheduling.exceptions import PauseRejected
@@ -34,5 +35,8 @@ class Command(BaseCommand):
         skipped = done.run.slots if done.run is not None else 0
         self.stdout.write(
             f"resumed {task.name} at {done.resumed_at.isoformat()} by {who}: "
-            f"{skipped} slots skipped while paused"
+            + ngettext(
+                "%(count)d slot skipped while paused", "%(count)d slots skipped while paused",
+                skipped,
+            ) % {"count": skipped}
         )
