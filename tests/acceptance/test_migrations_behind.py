@@ -77,16 +77,17 @@ def test_a_replica_and_a_worker_wait_for_migrate_then_run_each_run_once(
         time.sleep(max(0.0, WINDOW - (time.monotonic() - started)))
         replica_log = deployment.log_path("replica").read_text()
         worker_log = deployment.log_path("worker").read_text()
-        assert errors(replica_log) == [
-            f"replica replica claims nothing until the "
-            f"migrations match its code: the database lacks migration(s) {MISSING} of "
-            f"scheduling; run `python manage.py migrate` with this release"
-        ]
-        assert errors(worker_log) == [
-            f"worker worker@{deployment.queue}.{socket.gethostname()} holds the scheduled runs it takes until the migrations match its code: the "
-            f"database lacks migration(s) {MISSING} of scheduling; run `python manage.py "
-            f"migrate` with this release"
-        ]
+        assert errors(replica_log) == [(
+            f"replica replica claims nothing until the migrations match its code: the database "
+            f"lacks migration(s) {MISSING} of scheduling; run `python manage.py migrate` with "
+            f"this release"
+        )]
+        node = f"worker@{deployment.queue}.{socket.gethostname()}"
+        assert errors(worker_log) == [(
+            f"worker {node} holds the scheduled runs it takes until the migrations match its "
+            f"code: the database lacks migration(s) {MISSING} of scheduling; run `python "
+            f"manage.py migrate` with this release"
+        )]
         assert "requeued" not in worker_log
         assert statuses(url) == held
         assert deployment.executions() == []
