@@ -15,6 +15,7 @@ from django.utils.connection import ConnectionDoesNotExist
 
 from scheduling import cadences, ledger
 from scheduling.conf import INTERNAL, REMOVED, RemovedSetting, conf
+from scheduling.migration_match import OLD_CHAIN_COMMIT, OLD_CHAIN_LAST
 from scheduling.sql import queries
 
 
@@ -208,9 +209,13 @@ def check_squashed_migrations(
                     f"{applied[-1]}), so Django would neither run 0001_initial nor count it "
                     f"applied.",
                     hint=(
-                        "Migrate it to 0023_owed_run_count with a release of scheduling that "
-                        "still has those migrations (`manage.py migrate scheduling "
-                        "0023_owed_run_count`), then upgrade (docs/operating.md, Upgrading)."
+                        f"Migrate it to {OLD_CHAIN_LAST} with commit {OLD_CHAIN_COMMIT[:7]} of "
+                        f"django-scheduling-ledger, the last that has those migrations: `git -C "
+                        f"<checkout> worktree add --detach ../dsl-old {OLD_CHAIN_COMMIT[:7]}`, "
+                        f"`pip install ../dsl-old`, `python manage.py migrate scheduling "
+                        f"{OLD_CHAIN_LAST}`; then install this release again (`pip install "
+                        f"<checkout>`) and run `python manage.py migrate` (docs/operating.md, "
+                        f"Upgrading)."
                     ),
                     id="scheduling.E006",
                 )

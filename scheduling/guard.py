@@ -35,11 +35,16 @@ Deliveries without the header (tasks not sent by the scheduler) cost one diction
 When the database cannot be reached, the guard waits ``RETRY_DELAY`` seconds and raises
 ``Reject(requeue=True)``: the message goes back to the broker and nothing runs unguarded. The
 process logs the outage once and the return once (``scheduling.database_reach``), each naming
-the server.
+the server. When its statement names a function, column or table the database does not have
+and the database's migrations lag this code (``migration_match``), the guard holds the message
+instead, re-checking them with backoff, and decides again once they match; after
+``MIGRATIONS_HOLD`` seconds it hands the message back (``Reject(requeue=True)``), so a worker
+deployed before ``migrate`` ran requeues each message at most once per hold, not once a second.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -63,6 +68,9 @@ GUARD_MARK = "_scheduling_guard"
 LOCK_ATTRIBUTE = "scheduling_lock"
 #: Seconds to wait before handing a message back when the database is unreachable.
 RETRY_DELAY = 1.0
+#: Seconds a message is held while the database's migrations lag this code, before it is handed
+#: back to the broker (and delivered again, to be held again).
+MIGRATIONS_HOLD = 30.0
 
 
 class GuardAnnotation:
@@ -114,6 +122,8 @@ def guard(request: Any, task_id: str) -> None:
         exclusive, started = liveness.start(key, request.get("hostname") or "")
         decision = None if started else _decide(request, key, exclusive)
     except (DatabaseError, InterfaceError, OSError, *liveness.errors) as exc:
+        if _held_for_migrations(exc, task_id):
+            return guard(request, task_id)  # the migrations match now: decide again
         database.lost(exc)  # one ERROR per outage; each message's line below at info
         logger.info(
             "run %s: cannot reach the ledger (%s); message requeued in %.0fs",
@@ -126,6 +136,32 @@ def guard(request: Any, task_id: str) -> None:
         setattr(request, LOCK_ATTRIBUTE, key)
         return
     _follow(request, key, exclusive, decision)
+
+
+def _held_for_migrations(exc: BaseException, task_id: str) -> bool:
+    """Hold a delivery whose guard failed on an undefined object while the database's
+    migrations lag this code: re-check them with backoff; return True once they match.
+
+    Returns False at once when ``exc`` is something else or the migrations match (the caller's
+    outage path). Raises ``Reject(requeue=True)`` after ``MIGRATIONS_HOLD`` seconds.
+    """
+    from scheduling.migration_match import undefined_object
+
+    migrations = migration_wait()
+    if not undefined_object(exc) or not migrations.behind_or_unknown():
+        return False
+    held = 0.0
+    while held < MIGRATIONS_HOLD:
+        wait = migrations.delay()
+        time.sleep(wait)
+        held += wait
+        if not migrations.behind_or_unknown():
+            return True
+    logger.info(
+        "run %s: the database's migrations lag this worker's code; message requeued after "
+        "%.0fs", task_id, held, extra={"action": "guard_requeue"},
+    )
+    raise Reject(f"migrations lag this code: {task_id}", requeue=True) from exc
 
 
 def _decide(request: Any, key: Attempt, exclusive: bool) -> Any:
@@ -378,3 +414,16 @@ class _Liveness:
 
 
 liveness = _Liveness()
+
+
+@functools.cache
+def migration_wait() -> Any:
+    """This process's ``migration_match.MigrationWait``, made at first use (it imports Django's
+    migration modules, which this module must not at import). Logs at WARNING: the worker's own
+    check at start (``scheduling.worker``) logs the gap at ERROR."""
+    from scheduling.migration_match import MigrationWait
+
+    return MigrationWait(
+        "worker process", "holds the scheduled runs it takes until the migrations match its code",
+        level=logging.WARNING,
+    )

@@ -36,6 +36,7 @@ from scheduling.broker_options import (
 from scheduling.builtin_prune import BuiltinPrune
 from scheduling.conf import conf
 from scheduling.exceptions import PublishFailed, describe
+from scheduling.migration_match import MigrationWait, undefined_object
 from scheduling.models import Run
 from scheduling.overdue_watch import OverdueWatch
 from scheduling.publisher import PUBLISH_RETRY_POLICY, RunPublisher
@@ -93,6 +94,9 @@ class LedgerScheduler(DatabaseScheduler):
         self._book = ledger.TaskBook()  # settles what claims owe the task rows (last_run_at, ...)
         self._floor = ledger.DueFloor()  # where the poll and the claim start their scans
         self._batch = cadences.BATCH_SIZE  # the next claim's size: it grows in a herd (next_batch_size)
+        self._migrations = MigrationWait(
+            f"replica {self.replica_id}", "claims nothing until the migrations match its code",
+            on_match=self._sync_beat_schedule)
         super().__init__(*args, **kwargs)
         self.max_interval = cadences.MAX_INTERVAL
         pin_publish_settings(self.app)
@@ -111,7 +115,8 @@ class LedgerScheduler(DatabaseScheduler):
 
         Also opens the metrics port when configured, and when ``task_always_eager`` is on warns
         once and turns it off in this process: here, not in ``__init__``, because beat's start-up
-        banner builds a second, lazy scheduler that never sets up its schedule.
+        banner builds a second, lazy scheduler that never sets up its schedule. Where the
+        database's migrations do not match this code, the sync waits for them, as the ticks do.
         """
         if conf.metrics_port is not None:
             metrics.serve(conf.metrics_port, conf.metrics_addr)
@@ -124,6 +129,10 @@ class LedgerScheduler(DatabaseScheduler):
             # Off in this process: beat's apply_async would run each run inline, inside the
             # replica's claim transaction, with no worker and no guard.
             self.app.conf.task_always_eager = False
+        if not self._migrations.behind_or_unknown():
+            self._sync_beat_schedule()
+
+    def _sync_beat_schedule(self) -> None:
         if self.app.conf.beat_schedule:
             sync_beat_schedule(self.app.conf.beat_schedule)
 
@@ -172,12 +181,17 @@ class LedgerScheduler(DatabaseScheduler):
         super().close()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """Run one scheduler pass; return the seconds to sleep before the next."""
+        """Run one scheduler pass (while the migrations lag, a check of them); return the
+        seconds to sleep before the next."""
         try:
+            if self._migrations.waiting and self._migrations.behind():
+                return self._migrations.delay()
             delay = self._tick()
         except (OperationalError, InterfaceError) as exc:
             return self._failed("database", exc)
         except DatabaseError as exc:  # a data or lock error, not an outage: say which
+            if undefined_object(exc) and self._migrations.behind_or_unknown():
+                return self._migrations.delay()
             logger.exception("database error in a tick", extra={"action": "db_error"})
             return self._failed("database", exc)
         except (PublishFailed, KombuOperationalError, ConnectionError, OSError) as exc:

@@ -11,7 +11,9 @@ handlers record what happened:
 - ``task_revoked``: expired when the message's ``expires`` passed before a worker took it, failed
   for any other revoke;
 - ``task_unknown`` / ``task_rejected``: failed with a clear error when the worker does not know
-  the task name or cannot read the message.
+  the task name or cannot read the message;
+- ``worker_ready``: one ERROR when the database's migrations do not match this worker's code
+  (``migration_match``; the guard holds the scheduled runs meanwhile).
 
 After each outcome is committed, ``scheduling.signals.run_finished`` is sent
 (``announce_finished``: no query unless a receiver is connected, such as the webhook).
@@ -34,6 +36,7 @@ from scheduling import cadences, guard, ledger
 from scheduling.backoff import retry_delay
 from scheduling.conf import conf
 from scheduling.database_reach import database
+from scheduling.migration_match import MigrationWait
 from scheduling.models import Run
 from scheduling.run_message import HEADER_RUN
 from scheduling.signals import announce_finished
@@ -86,6 +89,16 @@ def record(
             continue
         database.reached(session=guard.liveness.address())
         return done
+
+
+@signals.worker_ready.connect(dispatch_uid="scheduling.worker_ready")
+def _on_ready(sender: Any = None, **_: Any) -> None:
+    hostname = getattr(sender, "hostname", "") or ""
+    MigrationWait(
+        f"worker {hostname}".strip(),
+        "holds the scheduled runs it takes until the migrations match its code",
+    ).behind_or_unknown()  # an unreachable database: the guard's outage path says so
+    connection.close()  # the main process runs no task
 
 
 def _is_scheduled(task: Any) -> bool:
