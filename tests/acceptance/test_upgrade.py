@@ -26,11 +26,11 @@ import pytest
 
 from tests.acceptance.deployment import Deployment, wait_until
 from tests.acceptance.previous_release import (
+    IMPORTS_LOGGED,
     checkout,
     code_folder,
     manage_at,
     old_processes,
-    IMPORTS_LOGGED,
     query,
     scheduling_imported_from,
 )
@@ -73,9 +73,9 @@ PeriodicTask.objects.filter(name='steady-2s').update(description='edited before 
 
 def statuses(url: str) -> Counter[tuple[str, str]]:
     """(task name, status) -> how many runs."""
-    return Counter(dict(((name, status), n) for name, status, n in query(
+    return Counter({(name, status): n for name, status, n in query(
         url, "SELECT periodic_task_name, status, count(*) FROM scheduling_run GROUP BY 1, 2"
-    )))
+    )})
 
 
 def columns_of(url: str) -> dict[str, list[str]]:
