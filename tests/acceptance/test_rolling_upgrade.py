@@ -50,6 +50,8 @@ MARGIN = timedelta(seconds=3)
 #: Interval tasks: name -> seconds.
 INTERVALS = {f"every-{every}s-{i}": every for i in range(3) for every in (1, 2)}
 CRON = "every-minute"
+#: ``FAST``, and a run whose worker was killed is acted on after 5 s, not 60.
+BOUNDS = {**FAST, "SCHEDULING_WORKER_LOST_AFTER": "5"}
 #: Written by the previous release's code once its replicas run; prints the anchor and when.
 SEED = """
 import json
@@ -185,7 +187,7 @@ def test_replicas_of_the_previous_release_and_of_today_run_every_slot_once_side_
 ):
     started = time.monotonic()
     url = new_database()
-    head = Deployment(tmp_path / "processes", DATABASE_URL=url, **FAST)
+    head = Deployment(tmp_path / "processes", DATABASE_URL=url, **BOUNDS)
     with checkout(tmp_path / "previous") as folder:
         manage_at(folder, url, "migrate", "--no-input", "--verbosity", "0")
         old = old_processes(folder, head)
