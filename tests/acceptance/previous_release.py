@@ -44,9 +44,9 @@ def previous_commit(changelog: Path = ROOT / "CHANGELOG.md") -> str:
     if heading is None:
         return PREVIOUS_COMMIT
     level = len(heading.group(1))
-    rest = text[heading.start():]
-    following = re.search(rf"^#{{1,{level}}}[^#]", rest[1:], re.MULTILINE)
-    section = rest[: following.start() + 1] if following else rest
+    rest = text[heading.end():]
+    following = re.search(rf"^#{{1,{level}}}[^#]", rest, re.MULTILINE)
+    section = heading.group(0) + (rest[: following.start()] if following else rest)
     commit = re.search(r"(?<![0-9a-f])[0-9a-f]{7,40}(?![0-9a-f])", section)
     return commit.group(0) if commit else PREVIOUS_COMMIT
 
