@@ -73,13 +73,9 @@ def test_no_migration_imports_the_app():
             | {node.module.partition(".")[0] for node in ast.walk(tree)
                if isinstance(node, ast.ImportFrom) and node.module}
         )
-    assert imported == {
-        "0001_initial": ["django", "pathlib"],
-        "0002_buffer_one": ["django", "pathlib"],
-        "0003_history_in_one_statement": ["django", "pathlib"],
-        "0004_guard_execution_functions": ["django", "pathlib"],
-        "0005_edit_history_entries": ["django"],
-    }
+    allowed = {"django", "pathlib"}
+    assert {name: found for name, found in imported.items() if set(found) - allowed} == {}
+    assert len(imported) == len(list(MIGRATIONS.glob("0*.py"))) > 5
 
 
 @pytest.mark.parametrize("name", [name.removesuffix(".sql") for name in FROZEN])

@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "scheduling"
 
 STACK = frozenset({"celery", "kombu", "amqp", "django_celery_beat"})
-#: Underscore names that are public API: Django's Model ``_meta`` (docs: "Model _meta API"),
-#: ``collections.namedtuple``'s ``_fields``, ``_replace``, ``_asdict`` and ``_make``.
-DOCUMENTED = frozenset({"_meta", "_fields", "_replace", "_asdict", "_make"})
+#: Underscore names that are public API: Django's Model ``_meta`` (docs: "Model _meta API") and
+#: ``_default_manager`` (docs: "Managers", default managers), ``collections.namedtuple``'s
+#: ``_fields``, ``_replace``, ``_asdict`` and ``_make``.
+DOCUMENTED = frozenset({"_meta", "_default_manager", "_fields", "_replace", "_asdict", "_make"})
 
 
 def _private(name: str) -> bool:
