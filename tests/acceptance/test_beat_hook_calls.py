@@ -22,7 +22,10 @@ from scheduling.models import Run
 from tests.acceptance.deployment import Deployment, drain, executed_once, wait_until
 from tests.acceptance.hooked_beat import PREFIX
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+# What the replicas hand to beat's hooks, not what the broker does with it: run once.
+pytestmark = [
+    pytest.mark.acceptance, pytest.mark.once, pytest.mark.django_db(transaction=True)
+]
 
 REPLICAS = ("replica-1", "replica-2", "replica-3")
 HOOKS = ("Scheduler.apply_entry", "LedgerScheduler.apply_async", "Scheduler.apply_async")

@@ -23,7 +23,8 @@ from tests.acceptance.deployment import Deployment, wait_until
 from tests.acceptance.private_postgres import manage
 from tests.acceptance.test_migrations import new_database  # noqa: F401
 
-pytestmark = pytest.mark.acceptance
+# Migrations and the worker guard, not the broker: the first pass of .ci/run covers them.
+pytestmark = [pytest.mark.acceptance, pytest.mark.once]
 
 #: Seconds both processes run against the database behind their code.
 WINDOW = 10.0

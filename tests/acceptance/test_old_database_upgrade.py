@@ -26,7 +26,8 @@ from tests.acceptance.private_postgres import manage
 from tests.acceptance.test_migrations import AFTER, SHOWN, new_database  # noqa: F401
 from tests.schema_catalog import catalog_of, differences
 
-pytestmark = pytest.mark.acceptance
+# Migrations and the worker guard, not the broker: the first pass of .ci/run covers them.
+pytestmark = [pytest.mark.acceptance, pytest.mark.once]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A state of main whose database stops at 0021_history_in_parts (before 0022 and the squash).

@@ -37,7 +37,8 @@ from tests.acceptance.previous_release import (
 from tests.acceptance.test_migrations import new_database  # noqa: F401  (a fixture)
 from tests.schema_catalog import catalog_of, differences, report
 
-pytestmark = pytest.mark.acceptance
+# Migrations and the worker guard, not the broker: the first pass of .ci/run covers them.
+pytestmark = [pytest.mark.acceptance, pytest.mark.once]
 
 #: The tables whose rows an upgrade must keep.
 KEPT = ("scheduling_run", "scheduling_taskhistory", "scheduling_pause")
