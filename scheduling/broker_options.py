@@ -19,7 +19,7 @@ def pin_publish_settings(app: Any) -> None:
     With ``config_from_object("django.conf:settings", namespace="CELERY")``, as Celery's Django
     guide has it, a setting the project leaves at its default is looked up in Django's settings
     under each of its names, every miss an exception, before Celery's defaults are reached: six
-    such reads a message were a fifth of a replica's CPU in a burst (issue 17's profile). The
+    such reads a message were a fifth of a replica's CPU in a burst, profiled. The
     values stay what they were; Celery finds them first. Set them on the app, or in the settings
     before the replica starts. A name this Celery has no setting for is left out.
     """

@@ -1,6 +1,6 @@
 """The internal cadences and bounds of the replicas and workers: constants, not settings.
 
-Each was a ``SCHEDULING_<NAME>`` setting until issue 34 (point 4); none is something a
+Each was a ``SCHEDULING_<NAME>`` setting before 0.1.0; none is something a
 deployment needs to tune, and each value follows from the others or from a measurement (the
 comment above it says which). Setting one of the old names in Django settings is reported by
 system check ``scheduling.W003`` and has no effect.

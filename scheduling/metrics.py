@@ -40,7 +40,7 @@ nothing can read them, and recording is not free. The guard's counter is always 
 counts rare events, and a worker may serve its pool processes' metrics its own way
 (docs/operating.md, "Metrics"). A labelled series is built the first time its task is
 seen, a histogram's with all its buckets: in a replica's first pass over 10,000 tasks that was a
-tenth of its CPU (issue 17's burst profile), and each series stays in memory for good.
+tenth of its CPU in a burst, profiled, and each series stays in memory for good.
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, Base
 
     actions = (*BasePeriodicTaskAdmin.actions, "backfill_tasks", "pause_tasks", "resume_tasks")
     # django-celery-beat declares these without permissions: Django would offer them to every
-    # user who can view the list (issue 32).
+    # user who can view the list.
     enable_tasks = requiring(BasePeriodicTaskAdmin.enable_tasks, "change")
     disable_tasks = requiring(BasePeriodicTaskAdmin.disable_tasks, "change")
     toggle_tasks = requiring(BasePeriodicTaskAdmin.toggle_tasks, "change")

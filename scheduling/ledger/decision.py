@@ -6,7 +6,7 @@ read and whether the task is busy, and returns one ``Decision``; it writes nothi
 transaction and reads no clock of its own. The claim (``scheduling.ledger.claim``) applies the
 decision in one place. The order of the rules: load error, deleted task, disabled task, expiry,
 pause, then the misfire policy (``policy.misfire``, ``policy.one_off_misfire``), then the overlap
-policy (``policy.overlap``). Rules: DESIGN.md "Run lifecycle" and "Time semantics".
+policy (``policy.overlap``). Rules: docs/semantics.md and docs/lifecycle.md.
 
 Overlap policy ``buffer_one`` (Temporal's BUFFER_ONE; docs/lifecycle.md): a run due while its
 task is busy waits, recorded ``buffered`` (BUFFER), when no other run of the task waits; else it

@@ -1,6 +1,6 @@
 """Overdue runs: scheduled runs that have not succeeded within their task's success deadline.
 
-A dead man's switch read from the ledger (issue 16): a task with a success deadline (its
+A dead man's switch read from the ledger: a task with a success deadline (its
 ``TaskPolicy.success_deadline_seconds``, else ``SCHEDULING_SUCCESS_DEADLINE``) promises that each
 scheduled run succeeds within that many seconds of its slot. A run that has not (still pending,
 dispatched, running, retrying, or ended failed, missed or expired) is overdue. Every replica runs

@@ -3,7 +3,7 @@
 The claim (``scheduling.ledger.claim``) asks these functions what to do with each claimed run
 and applies the answer. They read the task, its ``TaskPolicy`` (loaded with it) and the slot
 maths of ``scheduling.slots``; no database, no clock of their own (``now`` is the database clock
-the claim read). Rules: DESIGN.md "Time semantics", misfire and overlap.
+the claim read). Rules: docs/semantics.md, misfire and overlap.
 """
 
 from __future__ import annotations

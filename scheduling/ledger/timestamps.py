@@ -6,7 +6,7 @@ loader that replaces each value's tzinfo with the connection's time zone. It par
 Python, about 5.5 microseconds each against 0.6 for the compiled loader of psycopg's binary
 package, and a replica reads many: every claimed run brings about eight timestamps, every row of
 the change log two. In a herd of 3,000 runs due at one instant it was 10 % to 26 % of the replicas'
-CPU (py-spy, issue 35).
+CPU (py-spy).
 
 ``use_compiled_timestamps`` registers ``UtcTimestamptzLoader`` on a replica's connection when
 Django's time zone for it and the session's ``TimeZone`` are both UTC (Django sets the session's

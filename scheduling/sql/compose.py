@@ -100,7 +100,7 @@ def array(values: Sequence[object]) -> object:
     """``values`` in PostgreSQL's text form of a one-dimensional array, for a ``%s::type[]``.
 
     The bulk writes send one array per column, and psycopg's list dumper adapts each element in
-    a Python loop: about a twentieth of a replica's CPU in a burst (issue 17's profile). This
+    a Python loop: about a twentieth of a replica's CPU in a burst, profiled. This
     writes the literal in one join: ``NULL`` for None, ``t``/``f``, decimal integers, and aware
     datetimes (ISO 8601 with their offset) and strings double-quoted, a backslash before each
     ``"`` and ``\\`` (PostgreSQL's array input rules). Any other element (a naive datetime, a
