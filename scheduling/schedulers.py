@@ -28,7 +28,6 @@ from scheduling import cadences, ledger, metrics, signals
 from scheduling.backoff import retry_delay
 from scheduling.beat_schedule import sync_beat_schedule
 from scheduling.broker_options import (
-    PUBLISH_SETTINGS,
     broker_timeout_options,
     pin_publish_settings,
     publisher_confirm_options,
@@ -45,17 +44,7 @@ from scheduling.run_message import Message
 
 logger = logging.getLogger(__name__)
 
-#: The public names; the broker options and the beat schedule sync live in ``broker_options`` and
-#: ``beat_schedule`` and are importable from here as before.
-__all__ = [
-    "PUBLISH_SETTINGS",
-    "TURN_PATIENCE",
-    "LedgerScheduler",
-    "broker_timeout_options",
-    "pin_publish_settings",
-    "publisher_confirm_options",
-    "sync_beat_schedule",
-]
+__all__ = ["TURN_PATIENCE", "LedgerScheduler", "next_batch_size"]
 
 _UNSEEN = object()
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}

@@ -17,8 +17,9 @@ from celery import Celery
 from django.conf import settings
 
 from scheduling import ledger
+from scheduling.broker_options import PUBLISH_SETTINGS
 from scheduling.models import Run
-from scheduling.schedulers import PUBLISH_SETTINGS, LedgerScheduler
+from scheduling.schedulers import LedgerScheduler
 from tests.acceptance.deployment import broker_task_ids, delete_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)

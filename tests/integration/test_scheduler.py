@@ -14,8 +14,9 @@ from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
 from project.celery import app
 from scheduling import ledger
+from scheduling.beat_schedule import sync_beat_schedule
 from scheduling.models import Run
-from scheduling.schedulers import LedgerScheduler, sync_beat_schedule
+from scheduling.schedulers import LedgerScheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
