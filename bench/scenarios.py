@@ -25,7 +25,7 @@ from bench.env import Arrivals, Broker, cpu_seconds, postgres_cpu_seconds, rss_m
 from bench.profile import profiled
 from bench.report import Row, median, ms, percentile, seconds
 from scheduling import ledger
-from scheduling.ledger import claimed
+from scheduling.ledger import claim_rows
 from scheduling.ledger.claim import claim_due
 from scheduling.models import Run
 from scheduling.run_message import build_message
@@ -759,10 +759,10 @@ def _explain(sql: str, params: list | dict) -> str:
 def timed(sql: str, params: list | dict, prepared: bool) -> float:
     """Seconds to execute ``sql`` and fetch its rows, in a transaction that commits (the claim
     writes nothing, and a rollback would drop psycopg's prepared statements); ``prepared``:
-    as the scheduler sends the claim (``scheduling.ledger.claimed.prepared``), planned once."""
+    as the scheduler sends the claim (``scheduling.ledger.claim_rows.prepared``), planned once."""
     with (
         transaction.atomic(),
-        claimed.prepared("default") if prepared else nullcontext(),
+        claim_rows.prepared("default") if prepared else nullcontext(),
         connection.cursor() as cursor,
     ):
         started = time.perf_counter()

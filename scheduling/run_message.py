@@ -102,7 +102,7 @@ def beat_schedule(task: Any) -> Any:
     gives it (``celery.schedules.schedule``, its ``TzAwareCrontab``, ``solar``, ``clocked``), or
     None for a task without a schedule.
 
-    ``task`` is a ``PeriodicTask`` or a ``ledger.claimed.ClaimedTask``: the schedule's columns
+    ``task`` is a ``PeriodicTask`` or a ``ledger.claim_rows.ClaimedTask``: the schedule's columns
     are read by the model's field names. Each distinct row is built once per process. Raises
     RunRejected for a row Celery cannot load (a crontab field out of range, a solar schedule
     without the ``ephem`` package).

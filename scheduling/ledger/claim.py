@@ -2,7 +2,7 @@
 transaction.
 
 The claim is the row lock of ``SELECT ... FOR UPDATE SKIP LOCKED`` (the statement ``claim`` of
-``scheduling/sql/queries.sql``; its rows become ``claimed.ClaimedRun``), so it lives exactly as
+``scheduling/sql/queries.sql``; its rows become ``claim_rows.ClaimedRun``), so it lives exactly as
 long as this transaction: commit, rollback, or the connection dying all end it (invariant 2).
 Each claimed run is decided by ``decision.decide`` (pure: load error, deleted or disabled task,
 expiry, pause, misfire policy, overlap policy) and the decision is applied in one place
@@ -30,7 +30,7 @@ from scheduling.durations import seconds
 from scheduling.exceptions import PublishFailed, RunRejected
 from scheduling.ledger.bookkeeping import TaskBook
 from scheduling.ledger.changes import note_unplanned
-from scheduling.ledger.claimed import ClaimedRun, ClaimedTask, claim_rows, claimed_runs
+from scheduling.ledger.claim_rows import ClaimedRun, ClaimedTask, claim_rows, claimed_runs
 from scheduling.ledger.decision import Decision, Kind, decide
 from scheduling.ledger.writes import (
     ERROR_LIMIT,
@@ -405,7 +405,7 @@ def claim_due(
     its runs' ``load_error`` set, and each is recorded failed with that error; the other runs
     are claimed as usual.
     """
-    return claimed_runs(claim_rows(batch_size, using, floor))
+    return claimed_runs(*claim_rows(batch_size, using, floor))
 
 
 def close(run: ClaimedRun, status: str, reason: str, now: datetime, error: str = "") -> None:

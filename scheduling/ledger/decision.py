@@ -1,6 +1,6 @@
 """What the claim does with one claimed run, as a value: ``decide`` returns a ``Decision``.
 
-``decide`` is pure: it reads the claimed run's fields, its task (a ``claimed.ClaimedTask`` or a
+``decide`` is pure: it reads the claimed run's fields, its task (a ``claim_rows.ClaimedTask`` or a
 ``PeriodicTask``, with its ``TaskPolicy`` as ``scheduling_policy``), the database clock the claim
 read and whether the task is busy, and returns one ``Decision``; it writes nothing, opens no
 transaction and reads no clock of its own. The claim (``scheduling.ledger.claim``) applies the

@@ -55,7 +55,7 @@ def planned_run(task: PeriodicTask, slot: datetime, **fields: object) -> Run:
     """Return an unsaved pending scheduled run of ``task`` at ``slot``; ``fields`` override.
 
     A scheduled run is due at ``due_at`` (the task's jitter); a backfill run at its slot.
-    ``task``: a ``PeriodicTask``, or a claim's ``claimed.ClaimedTask`` (the same attributes).
+    ``task``: a ``PeriodicTask``, or a claim's ``claim_rows.ClaimedTask`` (the same attributes).
     """
     trigger = fields.get("trigger", Run.Trigger.SCHEDULE)
     values: dict[str, object] = {

@@ -61,7 +61,7 @@ SELECT clock_timestamp(),
 -- waited for), in (due_at, id) order: the partial index scheduling_run_pending_due, read from
 -- %(floor)s on (the replica's due floor, ledger.DueFloor) up to the statement's database clock
 -- (a stable bound: an index condition, invariant 5). With each run, the columns the claim reads
--- (ledger.claimed turns a row into a ClaimedRun by position: the aliases are its attributes):
+-- (ledger.claim_rows reads a row by column name: the aliases are the attributes of ClaimedRun and ClaimedTask):
 -- the run's, the database clock, busy_since (the newest dispatch of an unfinished run of the
 -- task, for overlap policies skip and buffer_one only: the partial index
 -- scheduling_run_unfinished), waiting (whether the task has a buffered run, for buffer_one only:

@@ -4,7 +4,9 @@ The statement is ``queries["claim"]`` (``scheduling/sql/queries.sql``): due pend
 with ``SELECT ... FOR UPDATE SKIP LOCKED`` (the claim: it lives as long as the transaction), the
 database clock (invariant 5), and each run's task, schedule, policy and definition version. A
 row becomes one ``ClaimedRun`` (the run's columns the claim reads and writes, and its working
-state) and, once per task in a claim, one ``ClaimedTask``: tuples, not model instances. A
+state) and, once per task in a claim, one ``ClaimedTask``: tuples, not model instances. Each
+is read by column name: the statement's column names (its aliases) are the attributes, looked
+up once per process in the cursor's description (``RowLayout``). A
 claimed task has the attributes of a ``PeriodicTask`` with its schedule, ``scheduling_policy``
 and ``scheduling_version`` loaded that ``slots``, ``ledger.policy``, ``messages`` and
 ``ledger.writes`` read, by the same names, so those pure functions take either. Building model
@@ -20,6 +22,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import cache
+from operator import itemgetter
 from typing import TYPE_CHECKING, NamedTuple
 from zoneinfo import ZoneInfo
 
@@ -138,21 +142,24 @@ class ClaimedRun:
     recorded missed after it).
     """
 
-    # The first 18 in the statement's column order (``COLUMNS``), then the working state.
-    __slots__ = (  # noqa: RUF023
+    #: The statement's columns a claimed run reads, by name; then its working state.
+    READ = (
         "id", "periodic_task_id", "periodic_task_name", "trigger", "scheduled_for", "due_at",
         "task_id", "reason", "slots", "claimed_by", "dispatched_at", "error", "finished_at",
-        "buffered_at", "db_now", "busy_since", "waiting", "pause_id", "status", "periodic_task",
-        "pause", "load_error", "misfire", "missed_after",
+        "buffered_at", "db_now", "busy_since", "waiting", "pause_id",
+    )
+    __slots__ = (  # noqa: RUF023
+        *READ, "status", "periodic_task", "pause", "load_error", "misfire", "missed_after",
     )
 
-    def __init__(self, row: Sequence[object], task: ClaimedTask | None, load_error: str) -> None:
+    def __init__(self, values: Sequence[object], task: ClaimedTask | None, load_error: str) -> None:
+        """``values``: the row's ``READ`` columns, in that order."""
         (
             self.id, self.periodic_task_id, self.periodic_task_name, self.trigger,
             self.scheduled_for, self.due_at, self.task_id, self.reason, self.slots,
             self.claimed_by, self.dispatched_at, self.error, self.finished_at, self.buffered_at,
             self.db_now, self.busy_since, self.waiting, self.pause_id,
-        ) = row[:_TASK]
+        ) = values
         self.status: str = Run.Status.PENDING
         self.periodic_task = task
         self.pause: Pause | None = None
@@ -173,34 +180,70 @@ class ClaimedRun:
         return self.dispatched_at - (self.due_at or self.scheduled_for)
 
 
-#: Where each part of a row starts: the run's columns, the clock and the three subqueries (18),
-#: the task's own columns, then each schedule's, the policy's and the version.
-_TASK = 18
-_INTERVAL = _TASK + len(ClaimedTask._fields) - 6
-_CRONTAB = _INTERVAL + len(Interval._fields)
-_SOLAR = _CRONTAB + len(Crontab._fields)
-_CLOCKED = _SOLAR + len(Solar._fields)
-_POLICY = _CLOCKED + len(Clocked._fields)
-_VERSION = _POLICY + len(Policy._fields)
-#: The statement's columns, in order: what ``ClaimedRun`` and ``ClaimedTask`` read.
-COLUMNS = (
-    *ClaimedRun.__slots__[:_TASK], *ClaimedTask._fields[:-6], *Interval._fields,
-    *Crontab._fields, *Solar._fields, *Clocked._fields, *Policy._fields, *Version._fields,
-)
+#: The statement's name for each ``ClaimedTask`` column of the task row itself (the others are
+#: built from their own records); its id is ``pk``, as on the model.
+_TASK_OWN = ClaimedTask._fields[: ClaimedTask._fields.index("interval")]
+_RECORDS = {"interval": Interval, "crontab": Crontab, "solar": Solar, "clocked": Clocked,
+            "scheduling_policy": Policy, "scheduling_version": Version}
 
 
-def claim_rows(batch_size: int, using: str = "default", floor: datetime | None = None) -> list:
-    """Execute the claim statement (in the caller's transaction); return its rows as fetched.
+class RowLayout(NamedTuple):
+    """Where a claim row's columns are, found by their names: one getter per record.
+
+    Each getter (``operator.itemgetter``) returns the record's fields from a row, in the record's
+    order; ``task_pk`` and ``present`` (the first column of each schedule, policy and version
+    record, NOT NULL when a row was joined) are single positions.
+    """
+
+    run: itemgetter
+    task: itemgetter
+    records: dict[str, itemgetter]
+    task_pk: int
+    present: dict[str, int]
+
+    @classmethod
+    def of(cls, names: Sequence[str]) -> RowLayout:
+        """The layout of a row whose columns are ``names``; ValueError naming a missing column."""
+        index = {name: i for i, name in enumerate(names)}
+        wanted = [*ClaimedRun.READ, *_TASK_OWN,
+                  *(f for record in _RECORDS.values() for f in record._fields)]
+        missing = [name for name in wanted if name not in index]
+        if missing:
+            raise ValueError(f"the claim statement has no column {', '.join(missing)}")
+
+        def getter(fields: Sequence[str]) -> itemgetter:
+            return itemgetter(*(index[f] for f in fields))
+
+        return cls(
+            run=getter(ClaimedRun.READ), task=getter(_TASK_OWN),
+            records={name: getter(record._fields) for name, record in _RECORDS.items()},
+            task_pk=index["pk"],
+            present={name: index[record._fields[0]] for name, record in _RECORDS.items()},
+        )
+
+
+def claim_rows(
+    batch_size: int, using: str = "default", floor: datetime | None = None
+) -> tuple[list, RowLayout]:
+    """Execute the claim statement (in the caller's transaction); return its rows as fetched and
+    where their columns are.
 
     ``floor``: the scan starts there (the replica's ``DueFloor``); None: at the first entry.
     """
     params = {"floor": floor or NO_FLOOR, "limit": batch_size}
     with prepared(using), connections[using].cursor() as cursor:
         cursor.execute(queries["claim"], params)
-        return cursor.fetchall()
+        names = tuple(column.name for column in cursor.description)
+        return cursor.fetchall(), _layout_of(names)
 
 
-def claimed_runs(rows: list) -> list[ClaimedRun]:
+@cache
+def _layout_of(names: tuple[str, ...]) -> RowLayout:
+    """``RowLayout.of(names)``, found once per process for the statement's columns."""
+    return RowLayout.of(names)
+
+
+def claimed_runs(rows: list, layout: RowLayout) -> list[ClaimedRun]:
     """Turn the claim statement's rows into claimed runs, each task built once.
 
     A task whose schedule cannot be loaded (an unknown time zone written by raw SQL, say) gives
@@ -209,37 +252,39 @@ def claimed_runs(rows: list) -> list[ClaimedRun]:
     tasks: dict[int, ClaimedTask | str] = {}
     claimed = []
     for row in rows:
-        pk = row[_TASK]
+        pk = row[layout.task_pk]
         task: ClaimedTask | str | None = None
         if pk is not None:
             task = tasks.get(pk)
             if task is None:
-                task = tasks[pk] = _task(row)
+                task = tasks[pk] = _task(row, layout)
         if isinstance(task, str):
-            claimed.append(ClaimedRun(row, None, task))
+            claimed.append(ClaimedRun(layout.run(row), None, task))
         else:
-            claimed.append(ClaimedRun(row, task, ""))
+            claimed.append(ClaimedRun(layout.run(row), task, ""))
     return claimed
 
 
-def _task(row: Sequence) -> ClaimedTask | str:
+def _task(row: Sequence, layout: RowLayout) -> ClaimedTask | str:
     """The row's task, or why its schedule cannot be loaded."""
-    interval = crontab = solar = clocked = None
-    if row[_INTERVAL] is not None:  # each schedule's first column is NOT NULL: a row joined
-        interval = Interval(*row[_INTERVAL:_CRONTAB])
-    if row[_CRONTAB] is not None:
+    records: dict[str, object] = {}
+    for name, record in _RECORDS.items():
+        values = None
+        if row[layout.present[name]] is not None:
+            got = layout.records[name](row)
+            values = got if isinstance(got, tuple) else (got,)
+        records[name] = values
+    crontab = records["crontab"]
+    if crontab is not None:
         try:
-            zone = ZoneInfo(row[_SOLAR - 1])
+            records["crontab"] = (*crontab[:-1], ZoneInfo(crontab[-1]))
         except (ValueError, LookupError) as exc:
             return f"cannot load the periodic task or its schedule: {exc}"
-        crontab = Crontab(*row[_CRONTAB : _SOLAR - 1], zone)
-    if row[_SOLAR] is not None:
-        solar = Solar(*row[_SOLAR:_CLOCKED])
-    if row[_CLOCKED] is not None:
-        clocked = Clocked(row[_CLOCKED])
-    policy = Policy(*row[_POLICY:_VERSION]) if row[_POLICY] is not None else None
-    version = Version(row[_VERSION]) if row[_VERSION] is not None else None
-    return ClaimedTask(*row[_TASK:_INTERVAL], interval, crontab, solar, clocked, policy, version)
+    return ClaimedTask(
+        *layout.task(row),
+        **{name: None if values is None else _RECORDS[name]._make(values)
+           for name, values in records.items()},
+    )
 
 
 @contextmanager

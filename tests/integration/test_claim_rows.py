@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django_celery_beat.models import PeriodicTask, SolarSchedule
 
 from scheduling import ledger
-from scheduling.ledger import claimed
+from scheduling.ledger import claim_rows as claimed
 from scheduling.ledger.claim import claim_due
 from scheduling.models import Run, TaskPolicy, TaskVersion
 from scheduling.sql import queries
@@ -35,12 +35,40 @@ def _claimed(batch_size: int = 100) -> list[claimed.ClaimedRun]:
     return found
 
 
-def test_the_statement_gives_the_columns_the_claimed_run_and_task_read_in_order():
+def test_the_statement_gives_every_column_the_claimed_run_and_task_read_by_name():
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(queries["claim"], {"floor": ledger.NO_FLOOR, "limit": 1})
-        names = tuple(column.name for column in cursor.description)
-    assert names == claimed.COLUMNS
-    assert len(names) == 59
+        names = [column.name for column in cursor.description]
+    layout = claimed.RowLayout.of(names)  # raises ValueError for a column it lacks
+    assert (len(names), len(set(names))) == (59, 59)  # no name given twice
+    assert names[layout.task_pk] == "pk"
+
+
+def test_a_row_is_read_by_its_column_names_whatever_their_order(make_task):
+    task = make_task(every=60, queue="q", priority=3)
+    make_due(task)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(queries["claim"], {"floor": ledger.NO_FLOOR, "limit": 1})
+        names = [column.name for column in cursor.description]
+        (row,) = cursor.fetchall()
+    order = list(reversed(range(len(names))))  # the statement's columns in the other order
+    (as_sent,) = claimed.claimed_runs([row], claimed.RowLayout.of(names))
+    (reversed_,) = claimed.claimed_runs(
+        [tuple(row[i] for i in order)], claimed.RowLayout.of([names[i] for i in order])
+    )
+    assert [getattr(reversed_, n) for n in claimed.ClaimedRun.READ] == [
+        getattr(as_sent, n) for n in claimed.ClaimedRun.READ
+    ]
+    assert reversed_.periodic_task == as_sent.periodic_task
+    assert (as_sent.periodic_task.queue, as_sent.periodic_task.interval) == (
+        "q", claimed.Interval(60, "seconds")
+    )
+
+
+def test_a_statement_without_a_column_a_record_reads_is_refused():
+    names = [*claimed.ClaimedRun.READ, "pk", "name"]
+    with pytest.raises(ValueError, match="^the claim statement has no column task, enabled, one_"):
+        claimed.RowLayout.of(names)
 
 
 def test_a_claimed_task_holds_what_its_models_hold(make_task):
@@ -94,7 +122,7 @@ def test_a_claimed_run_holds_what_its_row_holds(make_task):
     run = make_due(task)
     (got,) = _claimed()
     row = Run.objects.get(pk=run.pk)
-    read = claimed.ClaimedRun.__slots__[:13]
+    read = claimed.ClaimedRun.READ[:13]
     assert [getattr(got, name) for name in read] == [getattr(row, name) for name in read]
     assert (got.pk, got.status, got.lateness, got.pause_id, got.busy_since) == (
         run.pk, Run.Status.PENDING, None, None, None
