@@ -90,8 +90,9 @@ def slots_before_creation(
     """Count the slots of ``task`` in ``[since, until)`` from before it existed.
 
     Return ``(count, created)``: ``created`` is when the task was created (its edit history's
-    creation entry, an aware datetime), ``count`` its slots in the range before that moment,
-    which a backfill would run although the task did not exist then. A task with a
+    creation entry, an aware datetime), ``count`` its slots in the range before that moment
+    that a backfill would run although the task did not exist then: those without a backfill
+    run yet (a backfill does not run a slot twice). A task with a
     ``start_time`` exists from it (no slot comes before a start time), so it has none; so has a
     task whose creation the history did not record: ``(0, None)``. Raises ScheduleError for a
     broken schedule.
@@ -106,7 +107,13 @@ def slots_before_creation(
     )
     if created is None or since >= created:
         return 0, created
-    return sum(1 for _ in slots.slots_between(task, since, min(until, created))), created
+    end = min(until, created)
+    early = sum(1 for _ in slots.slots_between(task, since, end))
+    there = Run.objects.using(using).filter(
+        periodic_task_id=task.pk, trigger=Run.Trigger.BACKFILL,
+        scheduled_for__gte=since, scheduled_for__lt=end,
+    ).count()
+    return max(early - there, 0), created
 
 
 @dataclass(frozen=True)

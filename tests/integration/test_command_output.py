@@ -17,7 +17,7 @@ import subprocess
 import sys
 import termios
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -106,6 +106,23 @@ def test_backfill_warns_of_slots_from_before_the_task_was_created(make_task):
         f"({created:%Y-%m-%d %H:%M:%S} UTC): they are run although the task did not exist then\n"
     )
     assert done.stdout.endswith(": 2 slots, 2 new runs, 0 already there\n")
+
+    again = _manage(  # the same range again: nothing is run, so nothing to warn about
+        "backfill", task.name, "--since", since.isoformat(), "--until", until.isoformat(),
+        "--requested-by", "ops",
+    )
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout.endswith(": 2 slots, 0 new runs, 2 already there\n")
+
+
+def test_backfill_of_one_slot_says_slot_and_run_in_the_singular(make_task):
+    task = make_task(every=3600, name="hourly", start_time=datetime(2026, 1, 1, tzinfo=UTC))
+    args = ("--since", "2026-01-05T10:00:00+00:00", "--until", "2026-01-05T11:00:00+00:00")
+    done = _manage("backfill", task.name, *args, "--requested-by", "ops")
+    again = _manage("backfill", task.name, *args, "--requested-by", "ops")
+    assert (done.returncode, done.stderr, again.returncode) == (0, "", 0)
+    assert done.stdout.endswith(": 1 slot, 1 new run, 0 already there\n")
+    assert again.stdout.endswith(": 1 slot, 0 new runs, 1 already there\n")
 
 
 def test_prune_prints_its_counts_once(make_task):

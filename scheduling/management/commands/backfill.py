@@ -62,10 +62,14 @@ class Command(BaseCommand):
                 )
         except SchedulingError as exc:
             raise CommandError(str(exc)) from exc
+        counts = ", ".join((
+            ngettext("%d slot", "%d slots", total.slots) % total.slots,
+            ngettext("%d new run", "%d new runs", total.created) % total.created,
+            f"{total.slots - total.created} already there",
+        ))
         self.stdout.write(
             f"backfill of {task.name!r} from {since.isoformat()} until {until.isoformat()}: "
-            f"{total.slots} slots, {total.created} new runs, "
-            f"{total.slots - total.created} already there"
+            f"{counts}"
         )
 
     def _warn_before_creation(self, task: PeriodicTask, since: datetime, until: datetime) -> None:
