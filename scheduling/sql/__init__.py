@@ -6,9 +6,13 @@ file is read and the tables' names filled in on first use (Django must be set up
 are the models' ``db_table``), never at import. Statements whose text depends on the model's
 columns (the bulk writers) are composed with ``psycopg.sql`` in ``scheduling.sql.compose`` only.
 
-``parse_schema(SCHEMA_FILE.read_text())["history"]`` is the SQL of the block ``-- history --`` of
-``schema.sql``. No migration reads that file: each runs the SQL frozen beside it
-(``scheduling/migrations/sql/``), and the tests check that the migrations reach the file.
+Neither file spells a run status, reason, trigger or policy name: each writes a placeholder
+(``{status.pending}``) filled from the Python enums when it is read (``scheduling.sql.names``).
+
+``schema_blocks()["history"]`` is the SQL of the block ``-- history --`` of ``schema.sql``, its
+placeholders filled: the text a new migration's SQL file holds. No migration reads that file:
+each runs the SQL frozen beside it (``scheduling/migrations/sql/``), and the tests check that
+the migrations reach the file.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import re
 from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
+
+from scheduling.sql.names import fill
 
 QUERIES_FILE = Path(__file__).with_name("queries.sql")
 SCHEMA_FILE = Path(__file__).with_name("schema.sql")
@@ -55,6 +61,12 @@ def parse_schema(text: str) -> dict[str, str]:
             lines.pop(0)
         found[name] = "\n".join(lines).strip()
     return found
+
+
+def schema_blocks() -> dict[str, str]:
+    """Return ``{name: SQL}`` of ``schema.sql`` in the file's order, its placeholders filled from
+    the enums (Django must be set up): what the database's functions and triggers must be."""
+    return parse_schema(fill(SCHEMA_FILE.read_text()))
 
 
 def _blocks(text: str) -> dict[str, str]:
@@ -105,7 +117,7 @@ def _load() -> dict[str, str]:
         "schedule_change": ScheduleChange._meta.db_table,
         "owed_run_count": OwedRunCount._meta.db_table,
     }
-    blocks = parse(QUERIES_FILE.read_text())
+    blocks = parse(fill(QUERIES_FILE.read_text()))
     fragments: dict[str, str] = {}
     for name, text in blocks.items():  # a fragment may use the fragments given before it
         if name.startswith("fragment_"):

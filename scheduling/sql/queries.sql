@@ -51,7 +51,7 @@ SELECT current_database(), pg_postmaster_start_time()
 -- pending run (the first such entry of the partial index scheduling_run_pending_due: the scan
 -- starts there, ledger.DueFloor) and django-celery-beat's change marker.
 SELECT clock_timestamp(),
-       (SELECT due_at FROM {run} WHERE status = 'pending' AND due_at >= %s
+       (SELECT due_at FROM {run} WHERE status = {status.pending} AND due_at >= %s
         ORDER BY due_at LIMIT 1),
        (SELECT last_update FROM {change_marker} WHERE ident = 1)
 
@@ -73,15 +73,15 @@ SELECT clock_timestamp(),
 SELECT r.id, r.periodic_task_id, r.periodic_task_name, r.trigger, r.scheduled_for, r.due_at,
        r.task_id, r.reason, r.slots, r.claimed_by, r.dispatched_at, r.error, r.finished_at,
        r.buffered_at, clock_timestamp() AS db_now,
-       CASE WHEN p.overlap_policy IN ('skip', 'buffer_one') THEN
+       CASE WHEN p.overlap_policy IN ({overlap.skip}, {overlap.buffer_one}) THEN
            (SELECT u.dispatched_at FROM {run} u
             WHERE u.periodic_task_id = r.periodic_task_id
-              AND u.status IN ('dispatched', 'running', 'retrying')
+              AND u.status IN ({unfinished})
             ORDER BY u.dispatched_at DESC NULLS LAST LIMIT 1)
        END AS busy_since,
-       CASE WHEN p.overlap_policy = 'buffer_one' THEN
+       CASE WHEN p.overlap_policy = {overlap.buffer_one} THEN
            EXISTS (SELECT 1 FROM {run} b
-                   WHERE b.periodic_task_id = r.periodic_task_id AND b.status = 'buffered')
+                   WHERE b.periodic_task_id = r.periodic_task_id AND b.status = {status.buffered})
        END AS waiting,
        (SELECT o.id FROM {pause} o
         WHERE o.periodic_task_id = r.periodic_task_id AND o.resumed_at IS NULL LIMIT 1) AS pause_id,
@@ -104,7 +104,7 @@ LEFT JOIN {solar_schedule} s ON s.id = t.solar_id
 LEFT JOIN {clocked_schedule} k ON k.id = t.clocked_id
 LEFT JOIN {task_policy} p ON p.periodic_task_id = t.id
 LEFT JOIN {task_version} v ON v.periodic_task_id = t.id
-WHERE r.status = 'pending' AND r.due_at >= %(floor)s AND r.due_at <= statement_timestamp()
+WHERE r.status = {status.pending} AND r.due_at >= %(floor)s AND r.due_at <= statement_timestamp()
 ORDER BY r.due_at, r.id
 LIMIT %(limit)s
 FOR UPDATE OF r SKIP LOCKED
@@ -197,16 +197,16 @@ NOT EXISTS (SELECT 1 FROM held WHERE held.key = scheduling_execution_lock_key(r.
 WITH {fragment_held_locks}
 SELECT r.id, r.executions, clock_timestamp(), COALESCE(p.worker_lost_policy, ''), r.republished
 FROM {run} r LEFT JOIN {task_policy} p ON p.periodic_task_id = r.periodic_task_id
-WHERE r.status = 'running' AND r.executions > 0 AND {fragment_lock_free}
+WHERE r.status = {status.running} AND r.executions > 0 AND {fragment_lock_free}
 
 -- close_lost --
 -- Close the runs (id, executions) still running with their lock free as failed: worker lost,
 -- each with its own error text.
 WITH {fragment_held_locks}
-UPDATE {run} AS r SET status = 'failed', reason = %s, error = v.error,
+UPDATE {run} AS r SET status = {status.failed}, reason = %s, error = v.error,
     finished_at = clock_timestamp()
 FROM unnest(%s::bigint[], %s::integer[], %s::text[]) AS v(id, executions, error)
-WHERE r.id = v.id AND r.executions = v.executions AND r.status = 'running' AND {fragment_lock_free}
+WHERE r.id = v.id AND r.executions = v.executions AND r.status = {status.running} AND {fragment_lock_free}
 RETURNING r.id, r.executions, r.task_id, r.periodic_task_name
 
 -- fragment_published_before_shortest_deadline --
@@ -224,7 +224,7 @@ COALESCE(r.republished_at, r.dispatched_at) < statement_timestamp()
 -- locked for this pass; rows another replica is handling are skipped.
 SELECT r.id
 FROM {run} r LEFT JOIN {task_policy} p ON p.periodic_task_id = r.periodic_task_id
-WHERE r.status = 'dispatched'
+WHERE r.status = {status.dispatched}
   AND {fragment_published_before_shortest_deadline}
   AND COALESCE(r.republished_at, r.dispatched_at) < clock_timestamp()
       - make_interval(secs => COALESCE(p.delivery_timeout_seconds, %(timeout)s)::float8)
@@ -238,7 +238,7 @@ FOR UPDATE OF r SKIP LOCKED
 -- re-published them).
 SELECT count(*)
 FROM {run} r LEFT JOIN {task_policy} p ON p.periodic_task_id = r.periodic_task_id
-WHERE r.status = 'dispatched'
+WHERE r.status = {status.dispatched}
   AND {fragment_published_before_shortest_deadline}
   AND COALESCE(r.republished_at, r.dispatched_at) < clock_timestamp()
       - make_interval(secs => (COALESCE(p.delivery_timeout_seconds, %(timeout)s) + %(grace)s)::float8)
@@ -249,7 +249,7 @@ WHERE r.status = 'dispatched'
 WITH {fragment_held_locks}
 SELECT r.id
 FROM {run} r JOIN unnest(%s::bigint[], %s::integer[]) AS v(id, executions) ON r.id = v.id
-WHERE r.status = 'running' AND r.executions = v.executions AND {fragment_lock_free}
+WHERE r.status = {status.running} AND r.executions = v.executions AND {fragment_lock_free}
 FOR UPDATE OF r SKIP LOCKED
 
 -- append_run_events --
@@ -268,12 +268,12 @@ WHERE r.id = e.id
 -- start overwrites on the row). Params: error, detail, task id, retries (the retrying attempt's
 -- request.retries; NULL: any attempt). Returns the run's id when one was running.
 UPDATE {run}
-SET status = 'retrying', error = %(error)s,
+SET status = {status.retrying}, error = %(error)s,
     events = coalesce(events, '[]'::jsonb)
         || jsonb_build_array(jsonb_build_object('at', clock_timestamp(), 'kind', 'retry',
                                                 'detail', %(detail)s, 'started', started_at,
                                                 'worker', worker))
-WHERE task_id = %(task_id)s AND status = 'running'
+WHERE task_id = %(task_id)s AND status = {status.running}
   AND (%(retries)s::integer IS NULL OR retries = %(retries)s::integer)
 RETURNING id
 
@@ -386,7 +386,7 @@ SELECT periodic_task_id,
        max(extract(epoch FROM dispatched_at - due_at))::float8
 FROM {run}
 WHERE periodic_task_id = ANY(%(tasks)s) AND scheduled_for >= %(start)s AND scheduled_for < %(end)s
-  AND trigger = 'schedule' AND dispatched_at IS NOT NULL
+  AND trigger = {trigger.schedule} AND dispatched_at IS NOT NULL
 GROUP BY periodic_task_id
 
 -- health_buckets --
@@ -421,8 +421,8 @@ WITH reach AS MATERIALIZED (
 due AS (
     SELECT r.id, COALESCE(p.success_deadline_seconds::float8, %(deadline)s::float8) AS deadline
     FROM {run} r LEFT JOIN {task_policy} p ON p.periodic_task_id = r.periodic_task_id
-    WHERE r.trigger = 'schedule' AND r.overdue_at IS NULL
-      AND r.status NOT IN ('succeeded', 'cancelled', 'skipped')
+    WHERE r.trigger = {trigger.schedule} AND r.overdue_at IS NULL
+      AND r.status NOT IN ({status.succeeded}, {status.cancelled}, {status.skipped})
       AND r.scheduled_for <= statement_timestamp()
           - make_interval(secs => (SELECT shortest FROM reach))
       AND r.scheduled_for > statement_timestamp()
@@ -450,7 +450,7 @@ WHERE r.overdue_at IS NOT NULL AND r.periodic_task_id IS NOT NULL
   AND r.overdue_at > clock_timestamp() - make_interval(secs => %(window)s::float8)
   AND NOT EXISTS (
       SELECT 1 FROM {run} s
-      WHERE s.periodic_task_id = r.periodic_task_id AND s.status = 'succeeded'
+      WHERE s.periodic_task_id = r.periodic_task_id AND s.status = {status.succeeded}
         AND s.scheduled_for >= r.scheduled_for)
 GROUP BY r.periodic_task_name
 ORDER BY r.periodic_task_name
@@ -495,7 +495,7 @@ SELECT id, kind, object_id, changed_at, clock_timestamp() FROM {schedule_change}
 -- Cancel the runs the query's "orphan" CTE picked (up to %(limit)s, locked, skipping those a
 -- claim holds): (whether its task was deleted) per run.
 UPDATE {run} r
-   SET status = 'cancelled', finished_at = clock_timestamp(),
+   SET status = {status.cancelled}, finished_at = clock_timestamp(),
        reason = CASE WHEN o.deleted THEN %(deleted)s ELSE %(disabled)s END
   FROM orphan o
  WHERE r.id = o.id
@@ -506,7 +506,7 @@ RETURNING o.deleted
 WITH orphan AS (
     SELECT r.id, TRUE AS deleted
       FROM {run} r
-     WHERE r.status = 'pending' AND r.periodic_task_id IS NULL
+     WHERE r.status = {status.pending} AND r.periodic_task_id IS NULL
      LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED)
 {fragment_cancel_orphans}
 
@@ -516,9 +516,9 @@ WITH orphan AS (
 WITH orphan AS (
     SELECT r.id, r.periodic_task_id IS NULL AS deleted
       FROM {run} r LEFT JOIN {periodic_task} t ON t.id = r.periodic_task_id
-     WHERE r.status = 'pending'
+     WHERE r.status = {status.pending}
        AND (r.periodic_task_id IS NULL
-            OR (r.trigger = 'schedule' AND NOT t.enabled
+            OR (r.trigger = {trigger.schedule} AND NOT t.enabled
                 AND (%(tasks)s::integer[] IS NULL OR r.periodic_task_id = ANY(%(tasks)s))))
      LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED)
 {fragment_cancel_orphans}
@@ -534,7 +534,7 @@ WITH orphan AS (
     SELECT 1
       FROM {run} r LEFT JOIN {task_version} v ON v.periodic_task_id = r.periodic_task_id
      WHERE r.periodic_task_id = t.id
-       AND r.status = 'pending' AND r.trigger = 'schedule' AND r.due_at > clock_timestamp()
+       AND r.status = {status.pending} AND r.trigger = {trigger.schedule} AND r.due_at > clock_timestamp()
        AND (r.definition_version IS NULL OR v.version IS NULL
             OR r.definition_version <> v.version)))
 
@@ -543,7 +543,7 @@ WITH orphan AS (
 -- plan (it also leaves paused tasks alone).
 (t.enabled AND NOT EXISTS (SELECT 1 FROM {run} r
                             WHERE r.periodic_task_id = t.id
-                              AND r.status = 'pending' AND r.trigger = 'schedule'))
+                              AND r.status = {status.pending} AND r.trigger = {trigger.schedule}))
 
 -- stale_plans --
 -- Whether a task the change log names, by its id (%(task)s) or by its schedule row's, has a stale

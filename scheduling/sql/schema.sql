@@ -57,9 +57,9 @@ BEGIN
     mine := pg_try_advisory_lock(scheduling_execution_lock_key(attempt_task_id, attempt_retries));
     IF mine THEN
         UPDATE scheduling_run AS r
-        SET status = 'running', started_at = clock_timestamp(), worker = worker_name,
+        SET status = {status.running}, started_at = clock_timestamp(), worker = worker_name,
             retries = attempt_retries, executions = r.executions + 1
-        WHERE r.task_id = attempt_task_id AND r.status = 'dispatched'
+        WHERE r.task_id = attempt_task_id AND r.status = {status.dispatched}
         RETURNING r.id INTO run_id;
     END IF;
 END
@@ -72,10 +72,10 @@ CREATE OR REPLACE FUNCTION scheduling_finish_execution(
 BEGIN
     UPDATE scheduling_run AS r
     SET status = outcome, finished_at = clock_timestamp(), error = error_text,
-        reason = CASE WHEN r.reason = 'worker lost' THEN late_reason ELSE r.reason END
+        reason = CASE WHEN r.reason = {reason.worker_lost} THEN late_reason ELSE r.reason END
     WHERE r.task_id = attempt_task_id AND r.retries = attempt_retries
-      AND (r.status IN ('dispatched', 'running', 'retrying')
-           OR (r.status = 'failed' AND r.reason = 'worker lost'));
+      AND (r.status IN ({unfinished})
+           OR (r.status = {status.failed} AND r.reason = {reason.worker_lost}));
     GET DIAGNOSTICS updated = ROW_COUNT;
     IF held THEN
         unlocked := pg_advisory_unlock(
@@ -412,33 +412,33 @@ CREATE OR REPLACE TRIGGER scheduling_history_policy_delete
 CREATE OR REPLACE FUNCTION scheduling_release_buffered() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_WHEN = 'BEFORE' THEN
-        NEW.status := 'pending';
+        NEW.status := {status.pending};
         RETURN NEW;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM scheduling_taskpolicy
                    WHERE periodic_task_id = NEW.periodic_task_id
-                     AND overlap_policy = 'buffer_one')
+                     AND overlap_policy = {overlap.buffer_one})
        AND NOT EXISTS (SELECT 1 FROM scheduling_run
-                       WHERE periodic_task_id = NEW.periodic_task_id AND status = 'buffered') THEN
+                       WHERE periodic_task_id = NEW.periodic_task_id AND status = {status.buffered}) THEN
         RETURN NULL;
     END IF;
     PERFORM 1 FROM scheduling_run
-    WHERE periodic_task_id = NEW.periodic_task_id AND status = 'pending'
+    WHERE periodic_task_id = NEW.periodic_task_id AND status = {status.pending}
       AND due_at <= clock_timestamp()
     FOR UPDATE;
-    UPDATE scheduling_run SET status = 'pending', due_at = clock_timestamp()
-    WHERE periodic_task_id = NEW.periodic_task_id AND status = 'buffered';
+    UPDATE scheduling_run SET status = {status.pending}, due_at = clock_timestamp()
+    WHERE periodic_task_id = NEW.periodic_task_id AND status = {status.buffered};
     RETURN NULL;
 END
 $$;
 
 CREATE OR REPLACE TRIGGER scheduling_release_buffered AFTER UPDATE OF status ON scheduling_run
     FOR EACH ROW
-    WHEN (OLD.status IN ('dispatched', 'running', 'retrying')
-          AND NEW.status NOT IN ('dispatched', 'running', 'retrying')
+    WHEN (OLD.status IN ({unfinished})
+          AND NEW.status NOT IN ({unfinished})
           AND NEW.periodic_task_id IS NOT NULL)
     EXECUTE FUNCTION scheduling_release_buffered();
 CREATE OR REPLACE TRIGGER scheduling_orphan_buffered BEFORE UPDATE OF periodic_task_id
     ON scheduling_run FOR EACH ROW
-    WHEN (OLD.status = 'buffered' AND NEW.periodic_task_id IS NULL)
+    WHEN (OLD.status = {status.buffered} AND NEW.periodic_task_id IS NULL)
     EXECUTE FUNCTION scheduling_release_buffered();

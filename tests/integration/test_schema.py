@@ -36,7 +36,7 @@ from django.db import connection, connections
 from psycopg import sql
 
 from scheduling.checks import check_squashed_migrations
-from scheduling.sql import SCHEMA_FILE, parse_schema
+from scheduling.sql import SCHEMA_FILE, schema_blocks
 from tests.conftest import connect_raw
 from tests.schema_catalog import catalog, differences, report
 
@@ -44,10 +44,9 @@ pytestmark = pytest.mark.django_db
 
 
 def schema_sql() -> list[str]:
-    """Today's schema.sql, every block in the file's order, as statements to execute."""
-    return connection.ops.prepare_sql_script(
-        "\n\n".join(parse_schema(SCHEMA_FILE.read_text()).values())
-    )
+    """Today's schema.sql, every block in the file's order, its placeholders filled, as
+    statements to execute."""
+    return connection.ops.prepare_sql_script("\n\n".join(schema_blocks().values()))
 
 
 @pytest.fixture
