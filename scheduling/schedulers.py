@@ -228,7 +228,7 @@ class LedgerScheduler(DatabaseScheduler):
         self.heartbeat.claimed(len(dispatched))
         metrics.observe_claim(dispatched, self.replica_id, time.monotonic() - started)
         signals.announce_finished(*(d.task_id for d in dispatched if d.status in _ENDED))
-        self._prune.step(busy=True)  # a replica never idle prunes too (retention.BUSY_SHARE)
+        self._prune.step(busy=True)  # a replica never idle prunes too (builtin_prune.BUSY_SHARE)
         # More may be due (a full batch) or planned already due (a catching-up interval): look
         # again at once. Runs locked by other replicas are theirs; come back after a short nap.
         return 0.0 if dispatched else min(self.max_interval, 0.05)
