@@ -72,10 +72,17 @@ class DeclaredPermissionsAdmin(admin.ModelAdmin):
     ``list_editable`` fields (Django checks the change permission itself).
     """
 
-    def get_actions(self, request: HttpRequest) -> dict[str, tuple[Action, str, str]]:
-        """Django's actions for ``request``'s user, less those declared without permissions."""
-        offered = super().get_actions(request)
-        return {name: entry for name, entry in offered.items() if declared(entry[0])}
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        """Django's actions for ``request``'s user, less those declared without permissions.
+
+        The entries are Django's own (a tuple up to Django 6.0, an ``Action`` from 6.1) and are
+        never indexed or unpacked: each is judged by its name, through ``listed_actions``.
+        ``action_location`` (Django 6.1) is passed on when Django gives it.
+        """
+        where = {} if action_location is None else {"action_location": action_location}
+        offered = super().get_actions(request, **where)
+        functions = listed_actions(self)
+        return {name: entry for name, entry in offered.items() if declared(functions.get(name))}
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         if request.method == "POST" and not self._post_allowed(request):
@@ -115,12 +122,23 @@ def read_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
 
 def listed_actions(modeladmin: admin.ModelAdmin) -> dict[str, Action]:
     """Every action of ``modeladmin`` by name, before any permission filter: the site-wide ones
-    (``admin.site.add_action``) and its own ``actions``, as Django lists them."""
+    (``admin.site.add_action``) and its own ``actions``, named as Django names them.
+
+    Resolved as ``ModelAdmin.get_action`` resolves a name (a callable by its ``__name__``, a
+    method of the admin's class, else a site-wide action), without the action tuple Django
+    6.1 deprecates.
+    """
     found: dict[str, Action] = dict(modeladmin.admin_site.actions)
     for action in modeladmin.actions or ():
-        got = modeladmin.get_action(action)
-        if got is not None:
-            found[got[1]] = got[0]
+        if callable(action):
+            found[action.__name__] = action
+        elif hasattr(type(modeladmin), action):
+            found[action] = getattr(type(modeladmin), action)
+        else:
+            try:
+                found[action] = modeladmin.admin_site.get_action(action)
+            except KeyError:
+                continue
     return found
 
 

@@ -35,6 +35,16 @@ class OverdueTask:
 
 
 @dataclass(frozen=True)
+class LedgerSize:
+    """The run ledger: ``runs`` rows, ``bytes`` on disk (its table's indexes and TOAST
+    included), the ``oldest`` run's slot (aware UTC; None when empty)."""
+
+    runs: int
+    bytes: int
+    oldest: datetime | None
+
+
+@dataclass(frozen=True)
 class Verdict:
     """``healthy`` and the one line that says why (``ok: ...`` or ``unhealthy: ...``)."""
 
@@ -129,6 +139,18 @@ def overdue_tasks(window: float) -> list[OverdueTask]:
     with connection.cursor() as cursor:
         cursor.execute(queries["overdue_tasks"], {"window": window})
         return [OverdueTask(*row) for row in cursor.fetchall()]
+
+
+def ledger_size() -> LedgerSize:
+    """How large the run ledger is: it keeps every run unless ``SCHEDULING_PRUNE_OLDER_THAN``
+    is set (docs/operating.md, "Pruning the ledger").
+
+    One query that reads the whole table (``count(*)``): for a page, not for a frequent probe.
+    Raises django.db.DatabaseError when the database cannot be read.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(queries["ledger_size"])
+        return LedgerSize(*cursor.fetchone())
 
 
 def _undelivered() -> int:

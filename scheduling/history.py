@@ -1,14 +1,15 @@
 """The edit history of periodic tasks, read for the admin: entries, a run's version, rendering.
 
-The rows are written by database triggers (``sql/schema.sql``, ``models.TaskHistory``); this module
-only reads them. A run names the version of its task's definition it was planned from
+The rows are written by database triggers (``sql/schema.sql``, ``models.TaskHistory``) and, for
+pauses and resumes, by ``ledger.pausing``; this module only reads them. A run names the version of its task's definition it was planned from
 (``Run.definition_version``); ``entry_for`` finds the change that made that version.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import UTC
+import re
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import QuerySet
@@ -21,10 +22,16 @@ from scheduling.models import Run, TaskHistory
 #: Entries shown on a task's page (newest first); the rest are one link away.
 SHOWN = 20
 
+#: A timestamp as PostgreSQL's ``to_jsonb`` writes it: ``2026-12-07T16:01:07.123456+00:00``.
+_MOMENT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d:\d\d)")
+
 
 def history_of(task_id: int, using: str = "default") -> QuerySet[TaskHistory]:
-    """The edit history of periodic task ``task_id``, newest version first (deleted tasks too)."""
-    return TaskHistory.objects.using(using).filter(periodic_task_id=task_id).order_by("-version")
+    """The edit history of periodic task ``task_id``, newest first (deleted tasks too): by
+    version, then by entry (a pause or resume carries the version in force when it was made)."""
+    return TaskHistory.objects.using(using).filter(periodic_task_id=task_id).order_by(
+        "-version", "-id"
+    )
 
 
 def entry_for(run: Run, using: str = "default") -> TaskHistory | None:
@@ -35,7 +42,10 @@ def entry_for(run: Run, using: str = "default") -> TaskHistory | None:
     """
     if run.definition_version is None or run.periodic_task_id is None:
         return None
-    return history_of(run.periodic_task_id, using).filter(version=run.definition_version).first()
+    return (
+        history_of(run.periodic_task_id, using).filter(version=run.definition_version)
+        .exclude(kind=TaskHistory.Kind.PAUSE).first()
+    )
 
 
 def who(entry: TaskHistory) -> str:
@@ -54,11 +64,34 @@ def changes(entry: TaskHistory) -> list[tuple[str, Any, Any]]:
 
 
 def _value(value: Any) -> str:
-    return "-" if value is None else json.dumps(value, ensure_ascii=False)
+    """A column's value as JSON; a moment (ISO 8601, as ``to_jsonb`` writes a timestamp) in UTC
+    to the millisecond with its zone: ``2026-12-07 16:01:07.123 UTC``."""
+    if value is None:
+        return "-"
+    if isinstance(value, str) and _MOMENT.fullmatch(value):
+        moment = datetime.fromisoformat(value).astimezone(UTC)
+        return f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 1000:03d} UTC"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _render_pause(entry: TaskHistory) -> SafeString:
+    """A pause's entry: why; a resume's: since when it was paused, why, and the slots skipped."""
+    details = entry.after or {}
+    why = details.get("why") or "(no reason given)"
+    if entry.operation == entry.Operation.PAUSED:
+        return format_html("<div>paused: {}</div>", why)
+    return format_html(
+        "<div>resumed; paused since {}: {}; {} slot{} skipped</div>",
+        _value(details.get("paused_at")), why, details.get("slots_skipped", 0),
+        "" if details.get("slots_skipped") == 1 else "s",
+    )
 
 
 def render_changes(entry: TaskHistory) -> SafeString:
-    """One line per changed column: ``hour: "3" → "5"`` (a whole row folded when created)."""
+    """One line per changed column: ``hour: "3" → "5"`` (a whole row folded when created); for
+    a pause or resume, what it says."""
+    if entry.kind == entry.Kind.PAUSE:
+        return _render_pause(entry)
     lines = format_html_join(
         "",
         "<div><code>{}</code>: {}</div>",
@@ -87,13 +120,17 @@ def render_history(task_id: int, using: str = "default") -> SafeString:
         return format_html("{}", "No recorded changes.")
     rows = format_html_join(
         "",
-        '<tr id="history-v{}"><td><a href="{}">{}</a></td><td>{}</td><td>{}</td>'
-        '<td>{} {} {}</td><td style="overflow-wrap: anywhere">{}</td></tr>',
+        '<tr{}><td><a href="{}">{}</a></td><td class="moment">{}</td><td>{}</td>'
+        '<td>{}</td><td style="overflow-wrap: anywhere">{}</td></tr>',
         (
             (
-                entry.version, entry_url(entry), entry.version,
-                entry.changed_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"), who(entry),
-                entry.kind, entry.object_id, entry.operation, render_changes(entry),
+                "" if entry.kind == entry.Kind.PAUSE else
+                format_html(' id="history-v{}"', entry.version),
+                entry_url(entry), entry.version,
+                entry.changed_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"), who(entry),
+                entry.operation if entry.kind == entry.Kind.PAUSE
+                else f"{entry.kind} {entry.object_id} {entry.operation}",
+                render_changes(entry),
             )
             for entry in entries[:SHOWN]
         ),
@@ -105,7 +142,7 @@ def render_history(task_id: int, using: str = "default") -> SafeString:
             '<p><a href="{}?periodic_task_id={}">All versions</a></p>', url, task_id
         )
     return format_html(
-        '<table class="task-history"><thead><tr><th>version</th><th>changed at (UTC)</th>'
+        '<table class="task-history"><thead><tr><th>version</th><th>changed at</th>'
         "<th>by</th><th>what</th>"
         "<th>before → after</th></tr></thead><tbody>{}</tbody></table>{}",
         rows, more,

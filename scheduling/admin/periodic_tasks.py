@@ -25,7 +25,7 @@ from scheduling import (
     history,
     ledger,
 )
-from scheduling.admin import upcoming_runs
+from scheduling.admin import task_tools, upcoming_runs
 from scheduling.admin.base import (
     ADMIN_CSS,
     RECENT_PAUSES,
@@ -116,9 +116,12 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
 
 
 @admin.register(PeriodicTask)
-class PeriodicTaskAdmin(RecordsActorAdmin, upcoming_runs.UpcomingRunsAdmin, BasePeriodicTaskAdmin):
+class PeriodicTaskAdmin(
+    RecordsActorAdmin, task_tools.TaskToolsAdmin, upcoming_runs.UpcomingRunsAdmin,
+    BasePeriodicTaskAdmin,
+):
     """django-celery-beat's periodic task admin: recent and upcoming runs, pauses, its edit
-    history, run now and backfill via the ledger."""
+    history, run now and backfill via the ledger (pause, resume and run now on its page too)."""
 
     form = PeriodicTaskForm
     inlines = [TaskPolicyInline]

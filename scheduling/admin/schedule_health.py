@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import forms
@@ -20,6 +20,7 @@ from scheduling import (
 from scheduling.admin.base import ReadOnlyAdmin
 from scheduling.admin_permissions import read_only
 from scheduling.clock import database_now
+from scheduling.conf import conf
 from scheduling.models import ScheduleHealth
 from scheduling.outcomes import OUTCOMES
 
@@ -54,6 +55,19 @@ class HealthWindowForm(forms.Form):
         return windows.preset(data.get("window") or windows.DEFAULT, now)
 
 
+def _spoken(delta: timedelta | None) -> str:
+    """``30 days``, ``12 hours``, ``90 minutes``, ``45 seconds`` (the largest exact unit); ""
+    for None."""
+    if delta is None:
+        return ""
+    total = int(delta.total_seconds())
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if total % size == 0:
+            count = total // size
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    return f"{total} second{'' if total == 1 else 's'}"
+
+
 @admin.register(ScheduleHealth)
 class ScheduleHealthAdmin(ReadOnlyAdmin):
     """The schedule health page: runs per periodic task over a window (view on runs)."""
@@ -86,6 +100,8 @@ class ScheduleHealthAdmin(ReadOnlyAdmin):
             "outcomes": OUTCOMES,
             "chart_width": timeline.CHART_WIDTH,
             "overdue": health.overdue_tasks(health.CLOSED_WINDOW.total_seconds()),
+            "ledger": health.ledger_size(),
+            "pruning": _spoken(conf.prune_older_than),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/scheduling/schedule_health.html", context)

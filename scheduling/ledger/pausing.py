@@ -6,14 +6,17 @@ touch the task's runs: the claim closes the first run due while the task is paus
 planning leaves paused tasks alone. ``resume`` sets that run's ``slots`` to the number of slots
 that passed while paused (one row however long the pause) and plans the first slot after the
 resume: a resume never fires at once, whatever the misfire policy (docs/semantics.md, "Pause").
+Each pause and resume is an entry of the edit history too (kind ``pause``), written with it.
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import CharField, Func
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import slots
@@ -21,7 +24,7 @@ from scheduling.clock import database_now
 from scheduling.exceptions import PauseRejected, ScheduleError
 from scheduling.ledger.planning import TASK_RELATED
 from scheduling.ledger.writes import insert_pending
-from scheduling.models import Pause, Run
+from scheduling.models import Pause, Run, TaskHistory, TaskVersion
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ def pause(task: PeriodicTask, *, by: str, why: str = "", using: str = "default")
                 paused_by=by[:WHO_LIMIT],
                 why=why,
             )
+            _record(task, made, TaskHistory.Operation.PAUSED, {"why": why}, using)
     except IntegrityError as exc:
         since = Pause.objects.using(using).open().filter(periodic_task=task).first()
         when = f" since {since.paused_at.isoformat()} by {since.paused_by}" if since else ""
@@ -101,6 +105,10 @@ def resume(task: PeriodicTask, *, by: str, using: str = "default") -> Pause:
             insert_pending([(task, following)], using)
         current.resumed_at, current.resumed_by = now, by[:WHO_LIMIT]
         current.save(update_fields=["resumed_at", "resumed_by", "run"])
+        _record(task, current, TaskHistory.Operation.RESUMED, {
+            "why": current.why, "paused_at": current.paused_at.isoformat(),
+            "slots_skipped": skipped.slots if skipped is not None else 0,
+        }, using)
     logger.debug(  # the caller reports it (the command's line, the admin's message and log line)
         "resumed %s by %s after %.0f s paused: %d slots skipped, next slot %s",
         task.name, current.resumed_by, (now - current.paused_at).total_seconds(),
@@ -108,6 +116,31 @@ def resume(task: PeriodicTask, *, by: str, using: str = "default") -> Pause:
         extra={"action": "resume"},
     )
     return current
+
+
+class _CurrentUser(Func):
+    """The SQL role running the statement, as the history triggers record it."""
+
+    template = "current_user"
+    output_field = CharField()
+
+
+def _record(
+    task: PeriodicTask, pause: Pause, operation: str, details: dict[str, Any], using: str
+) -> None:
+    """Write the edit history entry of a pause or resume (kind ``pause``), in the caller's
+    transaction: who (the pause's ``paused_by`` or ``resumed_by``), when (the same moment),
+    ``details`` as ``after``, and the task's definition version in force (not moved)."""
+    resumed = operation == TaskHistory.Operation.RESUMED
+    version = TaskVersion.objects.using(using).filter(periodic_task_id=task.pk).values_list(
+        "version", flat=True
+    ).first()
+    TaskHistory.objects.using(using).create(
+        periodic_task_id=task.pk, periodic_task_name=task.name, version=version or 0,
+        kind=TaskHistory.Kind.PAUSE, object_id=pause.pk, operation=operation, after=details,
+        changed_at=pause.resumed_at if resumed else pause.paused_at,
+        actor=pause.resumed_by if resumed else pause.paused_by, role=_CurrentUser(),
+    )
 
 
 def _close_skipped(task: PeriodicTask, run: Run, now: datetime, using: str) -> datetime | None:

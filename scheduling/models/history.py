@@ -4,6 +4,7 @@ reconcile pass reads, and the edit history shown in admin."""
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Q
 from django.db.models.functions import Now
 
 
@@ -50,7 +51,10 @@ class TaskHistory(models.Model):
     transaction of the change, so an edit by raw SQL is kept as surely as one in the admin.
     ``before`` and ``after`` hold the columns that changed (the whole row for a creation or
     deletion, ``before`` empty or ``after`` empty); the task's bookkeeping columns
-    ``last_run_at`` and ``total_run_count`` are never part of a change. A schedule row shared by
+    ``last_run_at``, ``total_run_count`` and ``date_changed`` are never part of a change. Pauses
+    and resumes are entries too (kind ``pause``, written by ``ledger.pause`` and
+    ``ledger.resume`` with the pause row): who (``actor``), when, why (``after``), with the
+    version in force, which they do not move. A schedule row shared by
     several tasks gives one row per task. ``actor`` is the admin user who saved (passed through
     the transaction-local setting ``scheduling.actor``), empty when not known; ``role`` is the
     SQL role that ran the statement. ``version`` is the task's definition version after the
@@ -64,6 +68,8 @@ class TaskHistory(models.Model):
         SOLAR = "solar"
         CLOCKED = "clocked"
         POLICY = "policy"
+        #: A pause or a resume (``ledger.pause``, ``ledger.resume``): no change of the definition.
+        PAUSE = "pause"
 
     class Operation(models.TextChoices):
         CREATED = "created"
@@ -71,6 +77,8 @@ class TaskHistory(models.Model):
         DELETED = "deleted"
         #: The definition as it stood when the history began (block ``history`` of sql/schema.sql).
         RECORDED = "recorded"
+        PAUSED = "paused"
+        RESUMED = "resumed"
 
     id = models.BigAutoField(primary_key=True)
     periodic_task_id = models.IntegerField()
@@ -90,9 +98,11 @@ class TaskHistory(models.Model):
         verbose_name_plural = "edit history entries"
         ordering = ["-changed_at", "-id"]
         constraints = [
-            # One entry per version of a task: the run's definition_version names exactly one.
+            # One definition change per version of a task: the run's definition_version names
+            # exactly one. A pause entry carries the version in force and changes none.
             models.UniqueConstraint(
-                fields=["periodic_task_id", "version"], name="scheduling_history_one_per_version"
+                fields=["periodic_task_id", "version"], condition=~Q(kind="pause"),
+                name="scheduling_history_one_per_version",
             ),
         ]
 

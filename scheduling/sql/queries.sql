@@ -570,3 +570,8 @@ SELECT EXISTS (
                           WHERE t.id = named.id AND {fragment_unplanned} LIMIT 1) AS found)
     OR EXISTS (SELECT 1 FROM {periodic_task} t
                 WHERE {fragment_named_by_schedule} AND {fragment_unplanned})
+
+-- ledger_size --
+-- The schedule health page: the ledger's runs, its table's bytes on disk (indexes and TOAST
+-- included) and its oldest run's slot, in one read of the whole table.
+SELECT count(*), pg_total_relation_size('{run}'), min(scheduled_for) FROM {run}

@@ -267,8 +267,9 @@ CREATE OR REPLACE TRIGGER scheduling_clocked_changed
 -- policy writes one scheduling_taskhistory row per task and change (the changed columns before
 -- and after, the admin user of the transaction-local setting scheduling.actor, the SQL role) and
 -- adds 1 to the task's version (scheduling_taskversion), in the statement's transaction. Every
--- to_jsonb of a row drops the bookkeeping columns a claim writes (last_run_at,
--- total_run_count): a statement that changed only those records nothing. The triggers pass the
+-- to_jsonb of a row drops the task's bookkeeping columns: last_run_at and total_run_count (a
+-- claim writes them) and date_changed (every save sets it, django-celery-beat's admin too): a
+-- statement that changed only those records nothing. The triggers pass the
 -- kind of row and its key column (TG_ARGV). One statement per trigger call, planned for it
 -- (EXECUTE: the transition tables' sizes vary from an edit's one row to a bulk UPDATE's
 -- thousands), writes every row: each row's JSON is made once and its changed keys found in one
@@ -288,16 +289,16 @@ BEGIN
     source := CASE TG_OP
         WHEN 'INSERT' THEN format(
             'SELECT n.%1$I AS object_id, NULL::jsonb AS old,'
-            ' to_jsonb(n) - ''{last_run_at,total_run_count}''::text[] AS new'
+            ' to_jsonb(n) - ''{last_run_at,total_run_count,date_changed}''::text[] AS new'
             ' FROM scheduling_new_rows AS n', key)
         WHEN 'DELETE' THEN format(
             'SELECT o.%1$I AS object_id,'
-            ' to_jsonb(o) - ''{last_run_at,total_run_count}''::text[] AS old,'
+            ' to_jsonb(o) - ''{last_run_at,total_run_count,date_changed}''::text[] AS old,'
             ' NULL::jsonb AS new FROM scheduling_old_rows AS o', key)
         ELSE format(
             'SELECT n.%1$I AS object_id,'
-            ' to_jsonb(o) - ''{last_run_at,total_run_count}''::text[] AS old,'
-            ' to_jsonb(n) - ''{last_run_at,total_run_count}''::text[] AS new'
+            ' to_jsonb(o) - ''{last_run_at,total_run_count,date_changed}''::text[] AS old,'
+            ' to_jsonb(n) - ''{last_run_at,total_run_count,date_changed}''::text[] AS new'
             ' FROM scheduling_new_rows AS n JOIN scheduling_old_rows AS o ON o.%1$I = n.%1$I',
             key)
         END;

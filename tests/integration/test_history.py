@@ -4,7 +4,7 @@ definition version each run was planned from."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC
 
 import pytest
 from django.contrib.auth.models import User
@@ -102,9 +102,7 @@ def test_an_admin_edit_and_a_raw_sql_edit_are_in_the_history_and_name_the_runs_v
     ]
     task.refresh_from_db()
     before, after = _changed(task, 2)
-    assert set(before) == set(after) == {"crontab_id", "date_changed"}
-    assert (before["crontab_id"], after["crontab_id"]) == (first_crontab, later.pk)
-    assert datetime.fromisoformat(after["date_changed"]) == task.date_changed
+    assert (before, after) == ({"crontab_id": first_crontab}, {"crontab_id": later.pk})
     assert _changed(task, 3) == ({"hour": "6"}, {"hour": "7"})
 
     page = admin_client_.get(url).content.decode()

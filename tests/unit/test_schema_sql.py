@@ -29,6 +29,8 @@ FROZEN = {
         "c96fb80b6229f0288817fc5c0f2769092cfea9e0e1b68bfb3ce92cc3647825e3",
     "0004_guard_execution_functions.sql":
         "a0755c9ecedec393ca3f96fbd5fae398659e14789f576bc312844d4ece1ad6e9",
+    "0007_history_pauses_no_bookkeeping.sql":
+        "518097fca681a9792db121a64247c6781ccdaa48442b7cd97360d9ef9ffa4d86",
 }
 
 BLOCKS = [
