@@ -8,7 +8,6 @@ only reads them. A run names the version of its task's definition it was planned
 from __future__ import annotations
 
 import json
-from datetime import UTC
 from typing import Any
 
 from django.db.models import QuerySet
@@ -17,6 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from scheduling.models import Run, TaskHistory
+from scheduling.timeformat import utc_text
 
 #: Entries shown on a task's page (newest first); the rest are one link away.
 SHOWN = 20
@@ -92,7 +92,7 @@ def render_history(task_id: int, using: str = "default") -> SafeString:
         (
             (
                 entry.version, entry_url(entry), entry.version,
-                entry.changed_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"), who(entry),
+                utc_text(entry.changed_at), who(entry),
                 entry.kind, entry.object_id, entry.operation, render_changes(entry),
             )
             for entry in entries[:SHOWN]
