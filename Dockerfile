@@ -1,5 +1,6 @@
-# Image for the compose file's web (admin) and app (worker + beat replica) services.
-FROM python:3.11-slim
+# Image for the compose file's web (admin) and app (worker with a beat replica embedded) services,
+# on the newest Python the package supports.
+FROM python:3.14-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -148,6 +148,9 @@ CELERY_TASK_ACKS_LATE = True
 # to kill a worker holding prefetched runs.
 CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("CELERY_WORKER_PREFETCH_MULTIPLIER", "1"))
 CELERY_TIMEZONE = "UTC"
+# What a task prints (the console e-mail backend's e-mails, the demo's digests) is logged at INFO,
+# not at Celery's default WARNING: an e-mail sent is news, not a problem.
+CELERY_WORKER_REDIRECT_STDOUTS_LEVEL = "INFO"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # The worker-side duplicate guard on every task: at most one execution per run (docs/guard.md).
 CELERY_TASK_ANNOTATIONS = ["scheduling.guard:GuardAnnotation"]

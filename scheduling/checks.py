@@ -1,19 +1,20 @@
 """System checks: the settings this app cannot work without, the connection its locks need, a
-database migrated all or none of the way the squashed migration stands for, and the removed
-settings a deployment still sets."""
+database migrated all or none of the way the squashed migration stands for, the removed
+settings a deployment still sets, and the worker guard's line of Celery configuration."""
 
 from __future__ import annotations
 
 from importlib import import_module
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 from django.db.migrations.recorder import MigrationRecorder
 from django.utils.connection import ConnectionDoesNotExist
 
-from scheduling import cadences, ledger
+from scheduling import cadences, guard, ledger
 from scheduling.conf import INTERNAL, REMOVED, RemovedSetting, conf
 from scheduling.migration_match import OLD_CHAIN_COMMIT, OLD_CHAIN_LAST
 from scheduling.sql import queries
@@ -67,6 +68,58 @@ def _removed_warning(removed: RemovedSetting) -> Warning:
         f"{old} is no longer a setting and is ignored: {message}",
         hint=hint, obj=old, id="scheduling.W003",
     )
+
+
+#: The line of Django settings that installs the worker guard (docs/guard.md).
+GUARD_LINE = 'CELERY_TASK_ANNOTATIONS = ["scheduling.guard:GuardAnnotation"]'
+GUARD_PATH = "scheduling.guard:GuardAnnotation"
+
+
+@register()
+def check_guard_annotation(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """``scheduling.W004``: the Celery app's ``task_annotations`` do not install the guard.
+
+    Such a worker still writes run rows but runs every delivery's body, duplicates included.
+    Read are the current Celery app's setting and the Django setting ``CELERY_TASK_ANNOTATIONS``
+    (the same value for an app configured from the Django settings; the Django setting alone
+    where the process has no Celery app, as in ``manage.py check`` of a project that defines its
+    app elsewhere): no warning when either installs the guard. Every form Celery accepts counts: one annotation or a list or tuple of them, each the
+    dotted path ``"scheduling.guard:GuardAnnotation"``, the class, an instance of it, or a dict
+    whose ``"*"`` entry maps ``"@before_start"`` to the guard's wrapper (``GuardAnnotation.
+    annotate_any()``).
+    """
+    sources = (
+        current_app.conf.task_annotations, getattr(settings, "CELERY_TASK_ANNOTATIONS", None)
+    )
+    if any(guard_installed(annotations) for annotations in sources):
+        return []
+    return [
+        Warning(
+            "The Celery app's task_annotations do not include scheduling.guard:GuardAnnotation: "
+            "workers write run rows but run each delivery without the at-most-once guard.",
+            hint=f"Add this line to your settings (or the string to your list): {GUARD_LINE}",
+            obj="CELERY_TASK_ANNOTATIONS", id="scheduling.W004",
+        )
+    ]
+
+
+def guard_installed(annotations: object) -> bool:
+    """Return True if a ``task_annotations`` value installs ``guard.GuardAnnotation``."""
+    if annotations is None:
+        return False
+    if not isinstance(annotations, (list, tuple)):
+        annotations = (annotations,)
+    return any(_is_guard(annotation) for annotation in annotations)
+
+
+def _is_guard(annotation: object) -> bool:
+    if isinstance(annotation, str):
+        return annotation.replace(":", ".") == GUARD_PATH.replace(":", ".")
+    if isinstance(annotation, dict):
+        every_task = annotation.get("*")
+        wrapper = guard.GuardAnnotation.annotate_any()["@before_start"]
+        return isinstance(every_task, dict) and every_task.get("@before_start") is wrapper
+    return annotation is guard.GuardAnnotation or isinstance(annotation, guard.GuardAnnotation)
 
 
 @register(deploy=False)

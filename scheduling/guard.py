@@ -74,13 +74,19 @@ MIGRATIONS_HOLD = 30.0
 
 
 class GuardAnnotation:
-    """Celery task annotation that wraps ``before_start`` of every task with the guard."""
+    """Celery task annotation that wraps ``before_start`` of every task with the guard.
 
-    def annotate(self, task: Any) -> None:
+    Its methods are static, so ``task_annotations`` may name the class by its dotted path, hold
+    the class itself or an instance: Celery calls them on whichever it is given.
+    """
+
+    @staticmethod
+    def annotate(task: Any) -> None:
         """Nothing task-specific (Celery asks per task first)."""
         return None
 
-    def annotate_any(self) -> dict[str, Callable[..., Any]]:
+    @staticmethod
+    def annotate_any() -> dict[str, Callable[..., Any]]:
         """Return the attributes for every task: ``@before_start`` wraps the existing method."""
         return {"@before_start": _guarded}
 

@@ -19,6 +19,7 @@ from scheduling.conf import conf
 from scheduling.models import Replica, Run
 from scheduling.replicas import with_state
 from scheduling.sql import queries
+from scheduling.timeformat import utc_text
 
 #: How far back the probe's line counts runs closed without executing.
 CLOSED_WINDOW = timedelta(hours=24)
@@ -123,7 +124,7 @@ def _pending_reason(max_overdue: float) -> str:
     runs = "1 run" if late["count"] == 1 else f"{late['count']} runs"
     return (
         f"{runs} pending more than {max_overdue:g} s past the slot (oldest: {oldest[0]!r} "
-        f"scheduled for {oldest[1].isoformat(timespec='milliseconds')})"
+        f"scheduled for {utc_text(oldest[1])})"
     )
 
 

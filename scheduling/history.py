@@ -1,15 +1,16 @@
 """The edit history of periodic tasks, read for the admin: entries, a run's version, rendering.
 
 The rows are written by database triggers (``sql/schema.sql``, ``models.TaskHistory``) and, for
-pauses and resumes, by ``ledger.pausing``; this module only reads them. A run names the version of its task's definition it was planned from
-(``Run.definition_version``); ``entry_for`` finds the change that made that version.
+pauses and resumes, by ``ledger.pausing``; this module only reads them. A run names the version
+of its task's definition it was planned from (``Run.definition_version``); ``entry_for`` finds
+the change that made that version.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
@@ -18,6 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from scheduling.models import Run, TaskHistory
+from scheduling.timeformat import utc_text
 
 #: Entries shown on a task's page (newest first); the rest are one link away.
 SHOWN = 20
@@ -69,8 +71,7 @@ def _value(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, str) and _MOMENT.fullmatch(value):
-        moment = datetime.fromisoformat(value).astimezone(UTC)
-        return f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 1000:03d} UTC"
+        return utc_text(datetime.fromisoformat(value))
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -127,7 +128,7 @@ def render_history(task_id: int, using: str = "default") -> SafeString:
                 "" if entry.kind == entry.Kind.PAUSE else
                 format_html(' id="history-v{}"', entry.version),
                 entry_url(entry), entry.version,
-                entry.changed_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"), who(entry),
+                utc_text(entry.changed_at, "s"), who(entry),
                 entry.operation if entry.kind == entry.Kind.PAUSE
                 else f"{entry.kind} {entry.object_id} {entry.operation}",
                 render_changes(entry),

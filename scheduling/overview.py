@@ -6,7 +6,7 @@ No transactions or locks here (``ledger`` owns those): plain reads, one query fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from cron_descriptor import (
@@ -32,6 +32,7 @@ from scheduling.clock import database_now
 from scheduling.durations import seconds
 from scheduling.exceptions import ScheduleError
 from scheduling.models import Pause, Run
+from scheduling.timeformat import utc_text
 from scheduling.upcoming import UpcomingRun, upcoming_runs
 
 
@@ -45,7 +46,7 @@ class Paused:
 
     def describe(self) -> str:
         """``paused since 2026-01-05 10:00:00 UTC by alice: quarter close`` (why "-" if empty)."""
-        return f"paused since {format_time(self.since)} by {self.by}: {self.why or '-'}"
+        return f"paused since {utc_text(self.since, 's')} by {self.by}: {self.why or '-'}"
 
     def as_json(self) -> dict[str, str]:
         """``{"since": ISO UTC, "by": ..., "why": ...}``."""
@@ -174,7 +175,7 @@ def describe_schedule(task: PeriodicTask) -> str:
     elif task.crontab is not None:
         words = describe_crontab(task.crontab)
     elif task.clocked is not None:
-        return f"once at {format_time(task.clocked.clocked_time)}"
+        return f"once at {utc_text(task.clocked.clocked_time, 's')}"
     elif task.solar is not None:
         solar = task.solar
         return (
@@ -205,7 +206,4 @@ def describe_crontab(crontab: CrontabSchedule) -> str:
     return f"{words} ({crontab.timezone})"
 
 
-def format_time(value: datetime | None) -> str:
-    """``2026-01-05 10:00:00 UTC``, or "-" for None."""
-    return "-" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 

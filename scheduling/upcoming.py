@@ -17,6 +17,7 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import slots
+from scheduling.timeformat import utc_text
 
 #: Slots shown by default: the admin page, the form's preview.
 DEFAULT_COUNT = 10
@@ -42,8 +43,9 @@ class UpcomingRun:
 
     @property
     def utc_text(self) -> str:
-        """The slot in UTC to the second: ``2027-03-28 01:00:00``."""
-        return f"{self.slot:%Y-%m-%d %H:%M:%S}"
+        """The slot in UTC to the second, with the zone: ``2027-03-28 01:00:00 UTC``
+        (``timeformat.utc_text``)."""
+        return utc_text(self.slot, "s")
 
     @property
     def local_text(self) -> str:
@@ -67,7 +69,7 @@ class UpcomingRun:
         notes = [] if self.zone == "UTC" else [f"{self.local_text} {self.zone}"]
         if self.dst_note:
             notes.append(self.dst_note)
-        words = f"{self.utc_text} UTC"
+        words = self.utc_text
         return f"{words} ({'; '.join(notes)})" if notes else words
 
     def as_json(self) -> dict[str, object]:

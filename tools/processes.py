@@ -1,8 +1,9 @@
 """Beat replicas and workers as child processes, for the chaos tool and the acceptance tests.
 
-A ``Processes`` starts ``celery -A <app> beat`` replicas with ``LedgerScheduler`` and ``celery -A
-<app> worker`` processes, each in a session (process group) of its own with its log in
-``workdir``, and can kill, pause, resume, restart and stop them by name. Workers consume one
+A ``Processes`` starts ``celery -A <app> beat`` replicas with ``LedgerScheduler``, ``celery -A
+<app> worker`` processes and workers with a replica embedded (``worker -B``), each in a session
+(process group) of its own with its log in ``workdir``, and can kill, pause, resume, restart and
+stop them by name. Workers consume one
 queue and get ``SCHEDULING_EXECUTION_LOG`` in their environment: a task such as the example
 project's ``project.tasks.record`` appends one JSON line per execution there, so executions are
 counted from the workers themselves, not from the ledger (``executions``).
@@ -114,14 +115,31 @@ class Processes:
         RabbitMQ gives a worker's remote-control queue (named after the node) to one connection.
         """
         self.kinds[name] = "worker"
+        return self._start(name, ["worker", *self._worker_options(name, concurrency)], env)
+
+    def start_worker_beat(
+        self, name: str, concurrency: int = 2, *, scheduler: str = LEDGER_SCHEDULER, **env: str
+    ) -> subprocess.Popen[bytes]:
+        """Start a worker with a beat replica embedded: ``celery worker -B --scheduler SCHEDULER``.
+
+        Not ``-S``: a worker's ``-S`` is its state database (``--statedb``), not beat's scheduler.
+
+        The embedded beat's replica id is ``name``. The worker logs both ready lines (``READY``);
+        ``wait_ready`` waits for the worker's, ``wait_for_log(name, READY["beat"])`` for beat's.
+        It is stopped as a worker is.
+        """
+        self.kinds[name] = "worker"
         return self._start(
             name,
-            [
-                "worker", "-l", "info", "-c", str(concurrency), "-n", f"{name}@{self.queue}.%h",
-                "-Q", self.queue, "--without-gossip", "--without-mingle", "--without-heartbeat",
-            ],
-            env,
+            ["worker", "-B", "--scheduler", scheduler, *self._worker_options(name, concurrency)],
+            {"SCHEDULING_REPLICA_ID": name, **env},
         )
+
+    def _worker_options(self, name: str, concurrency: int) -> list[str]:
+        return [
+            "-l", "info", "-c", str(concurrency), "-n", f"{name}@{self.queue}.%h",
+            "-Q", self.queue, "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]
 
     def restart(self, name: str) -> subprocess.Popen[bytes]:
         """Start ``name`` again with the arguments it was first started with (it must be dead)."""

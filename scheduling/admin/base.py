@@ -3,7 +3,7 @@ user to the edit history, and the formatting of times and durations."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.http import HttpRequest
@@ -11,6 +11,7 @@ from django.utils.html import format_html
 
 from scheduling import ledger
 from scheduling.admin_permissions import DeclaredPermissionsAdmin
+from scheduling.timeformat import utc_text
 
 RECENT_RUNS = 10
 RECENT_PAUSES = 5
@@ -29,9 +30,10 @@ def _cut(text: str, kind: str = "replica") -> str:
     )
 
 
-def _utc_ms(moment: datetime) -> str:
-    """An aware datetime as UTC to the millisecond: ``2026-11-30 05:40:44.218``."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+def _utc_ms(moment: datetime | None) -> str:
+    """An aware datetime as UTC to the millisecond, with the zone: ``2026-11-30 05:40:44.218 UTC``
+    (``timeformat.utc_text``, the one format of every page and command)."""
+    return utc_text(moment)
 
 
 class ReadOnlyAdmin(DeclaredPermissionsAdmin):

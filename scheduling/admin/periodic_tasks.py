@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar
 
 from django import forms
@@ -35,6 +35,7 @@ from scheduling.admin.base import (
     _seconds,
     _utc_ms,
 )
+from scheduling.admin.task_dates import TaskDatesAdmin
 from scheduling.admin.task_forms import (
     BackfillForm,
     PauseForm,
@@ -49,6 +50,7 @@ from scheduling.models import Pause, Run, TaskPolicy
 from scheduling.outcomes import status_badge
 from scheduling.overview import Paused, describe_schedule, paused_of, with_status
 from scheduling.run_message import load_json
+from scheduling.timeformat import utc_text
 
 #: The admin actions' log lines keep the logger they always had (docs/operating.md).
 logger = logging.getLogger("scheduling.admin")
@@ -117,7 +119,7 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
 
 @admin.register(PeriodicTask)
 class PeriodicTaskAdmin(
-    RecordsActorAdmin, task_tools.TaskToolsAdmin, upcoming_runs.UpcomingRunsAdmin,
+    RecordsActorAdmin, task_tools.TaskToolsAdmin, TaskDatesAdmin, upcoming_runs.UpcomingRunsAdmin,
     BasePeriodicTaskAdmin,
 ):
     """django-celery-beat's periodic task admin: recent and upcoming runs, pauses, its edit
@@ -167,7 +169,7 @@ class PeriodicTaskAdmin(
         """The earliest pending run's slot; none while paused or disabled."""
         if task.paused_at is not None or task.next_run is None or not task.enabled:
             return "-"
-        return f"{task.next_run.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+        return utc_text(task.next_run, "s")
 
     @admin.display(description="last outcome (UTC)", ordering="last_run")
     def display_last_outcome(self, task: PeriodicTask) -> str:
@@ -176,7 +178,7 @@ class PeriodicTaskAdmin(
             return "-"
         return format_html(
             '{} <span class="quiet">{}</span>', status_badge(task.last_status),
-            f"{task.last_run.astimezone(UTC):%Y-%m-%d %H:%M:%S}",
+            utc_text(task.last_run, "s"),
         )
 
     @admin.display(description="runs")
@@ -226,7 +228,7 @@ class PeriodicTaskAdmin(
             state = mark_safe("<strong>Not paused.</strong>")
         else:
             state = format_html(
-                '<strong class="scheduling-paused">Paused since {} UTC by {}</strong>: {}',
+                '<strong class="scheduling-paused">Paused since {} by {}</strong>: {}',
                 _utc_ms(current.paused_at), current.paused_by, current.why or "(no reason given)",
             )
         ended = [p for p in pauses if p.resumed_at is not None]

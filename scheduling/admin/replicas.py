@@ -13,6 +13,7 @@ from django.utils.html import format_html
 from scheduling import cadences, replicas
 from scheduling.admin.base import ADMIN_CSS, ReadOnlyAdmin
 from scheduling.models import Replica
+from scheduling.timeformat import utc_text
 
 REPLICA_COLOURS = {
     "live": ("#d7efd8", "#1b4d1e"), "stale": ("#fde3c0", "#6b3a00"),
@@ -49,13 +50,13 @@ class ReplicaAdmin(ReadOnlyAdmin):
 
     @admin.display(description="started (UTC)", ordering="started_at")
     def display_started(self, replica: Replica) -> str:
-        return f"{replica.started_at:%Y-%m-%d %H:%M:%S}"
+        return utc_text(replica.started_at, "s")
 
     @admin.display(description="last tick (UTC)", ordering="-last_tick_at")
     def display_last_tick(self, replica: Any) -> str:
         return format_html(
-            "{} <span class=\"quiet\">({} s ago)</span>",
-            f"{replica.last_tick_at:%Y-%m-%d %H:%M:%S}", f"{replica.tick_age:.0f}",
+            '<span class="one-line">{}</span> <span class="quiet one-line">({} s ago)</span>',
+            utc_text(replica.last_tick_at, "s"), f"{replica.tick_age:.0f}",
         )
 
     @admin.display(description="state")
@@ -64,7 +65,7 @@ class ReplicaAdmin(ReadOnlyAdmin):
         text = {
             "live": "live",
             "stale": f"stale: no tick for {replica.tick_age:.0f} s",
-            "stopped": f"stopped {replica.stopped_at:%Y-%m-%d %H:%M:%S}" if replica.stopped_at
+            "stopped": f"stopped {utc_text(replica.stopped_at, 's')}" if replica.stopped_at
             else "stopped",
         }
         return format_html(

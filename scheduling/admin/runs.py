@@ -89,7 +89,7 @@ class RunAdmin(ReadOnlyAdmin):
         if entry is None:
             return "-" if run.definition_version is None else str(run.definition_version)
         return format_html(
-            '<a href="{}">version {}</a>: {} {} by {} at {} UTC',
+            '<a href="{}">version {}</a>: {} {} by {} at {}',
             history.entry_url(entry), entry.version, entry.kind, entry.operation,
             history.who(entry), _utc_ms(entry.changed_at),
         )

@@ -3,7 +3,7 @@ a backfill would run again)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -15,6 +15,7 @@ from scheduling.clock import database_now
 from scheduling.exceptions import ScheduleError
 from scheduling.ledger import slots_before_creation
 from scheduling.models import Run
+from scheduling.timeformat import utc_text
 
 
 class PauseForm(forms.Form):
@@ -39,7 +40,7 @@ class BackfillForm(forms.Form):
             self.add_error("until", "Until must be after since.")
         elif until is not None and until > (now := database_now()):
             self.add_error(
-                "until", f"Until is in the future: the database clock is {_utc_ms(now)} UTC."
+                "until", f"Until is in the future: the database clock is {_utc_ms(now)}."
             )
         return data
 
@@ -86,7 +87,7 @@ def _early_slots(
         except ScheduleError:
             continue
         if count and created is not None:
-            early.append((task.name, count, f"{created.astimezone(UTC):%Y-%m-%d %H:%M:%S}"))
+            early.append((task.name, count, utc_text(created, "s")))
     return early
 
 

@@ -24,6 +24,7 @@ from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from scheduling.clock import database_now
 from scheduling.exceptions import ScheduleError
+from scheduling.timeformat import utc_text
 from scheduling.upcoming import DEFAULT_COUNT, task_zone, upcoming_runs
 
 #: The schedule fields of a periodic task: exactly one is set.
@@ -87,13 +88,16 @@ def crontab_task(crontab: CrontabSchedule, now: datetime) -> PeriodicTask:
 
 
 def preview_start(value: str, now: datetime) -> datetime:
-    """Return the instant a preview starts from: ``value`` (ISO 8601, UTC if naive) or ``now``.
+    """Return the instant a preview starts from: ``value`` or ``now`` when it is empty.
 
-    Raises ValueError for text that is not an ISO 8601 date-time.
+    ``value`` is ``YYYY-MM-DD HH:MM:SS`` as the pages show instants (``timeformat.utc_text``,
+    a trailing `` UTC`` allowed) or any ISO 8601 date-time; UTC when it names no zone. Raises
+    ValueError for other text.
     """
-    if not value.strip():
+    text = value.strip().removesuffix(" UTC").strip()
+    if not text:
         return now
-    parsed = datetime.fromisoformat(value.strip())
+    parsed = datetime.fromisoformat(text)
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
@@ -162,7 +166,7 @@ class UpcomingRunsAdmin(admin.ModelAdmin):
             return HttpResponse(
                 format_html('<p class="errornote upcoming-error">No preview: {}</p>', exc)
             )
-        after = "" if start == now else f", after {start:%Y-%m-%d %H:%M:%S} UTC"
+        after = "" if start == now else f", after {utc_text(start, 's')}"
         return HttpResponse(render(task, start, f"The edited schedule, if saved now{after}:"))
 
 

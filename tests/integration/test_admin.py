@@ -98,9 +98,9 @@ def test_periodic_task_page_shows_recent_runs(admin_client_, make_task, recorder
     assert "replica-7" in page and "dispatched" in page
     run = Run.objects.get(periodic_task=task)
     shown = run.scheduled_for.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.") + (
-        f"{run.scheduled_for.microsecond // 1000:03d}"
+        f"{run.scheduled_for.microsecond // 1000:03d} UTC"
     )
-    assert f"<td>{shown}</td>" in page  # as in the runs list: UTC, to the millisecond
+    assert f"<td>{shown}</td>" in page  # as in the runs list: UTC, to the millisecond, with the zone
 
 
 def test_runs_replica_filter_names_unclaimed_runs(admin_client_, make_task, recorder):

@@ -296,10 +296,10 @@ def test_the_task_list_shows_state_next_run_and_last_outcome_in_one_query(staff,
     html = staff.get(TASK_LIST).content.decode()
     row = html.split(">a: first</a>", 1)[1].split("</tr>", 1)[0]
     pending = Run.objects.pending().get(periodic_task=first).scheduled_for
-    assert f'<td class="field-display_next_run">{pending:%Y-%m-%d %H:%M:%S}</td>' in row
+    assert f'<td class="field-display_next_run">{pending:%Y-%m-%d %H:%M:%S} UTC</td>' in row
     assert '<span class="task-state task-enabled">enabled</span>' in row
     paused = html.split(">b: task 00</a>", 1)[1].split("</tr>", 1)[0]
     assert 'class="task-state task-paused" title="paused since ' in paused
     assert "by alice: reason 0" in paused
     assert '<td class="field-display_next_run">-</td>' in paused
-    assert "succeeded</span> <span class=\"quiet\">2026-01-05 10:00:00</span>" in paused
+    assert "succeeded</span> <span class=\"quiet\">2026-01-05 10:00:00 UTC</span>" in paused

@@ -71,8 +71,8 @@ def test_backfill_prints_its_result_once(make_task):
     )
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == (
-        "backfill of 'demo: record every minute' from 2026-01-05T10:00:00+00:00 until "
-        "2026-01-05T10:03:00+00:00: 3 slots, 3 new runs, 0 already there\n"
+        "backfill of 'demo: record every minute' from 2026-01-05 10:00:00 UTC until "
+        "2026-01-05 10:03:00 UTC: 3 slots, 3 new runs, 0 already there\n"
     )
 
 
@@ -80,11 +80,12 @@ def test_pause_and_resume_print_their_result_once(make_task):
     task = make_task(every=3600, name="demo: digest every 5 s")
     paused = _manage("scheduling_pause", task.name, "--reason", "vendor down", "--by", "ops")
     assert (paused.returncode, paused.stderr) == (0, "")
-    assert re.fullmatch(r"paused demo: digest every 5 s at \S+ by ops\n", paused.stdout)
+    at = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC"  # 2026-12-07 13:40:13.984 UTC
+    assert re.fullmatch(rf"paused demo: digest every 5 s at {at} by ops\n", paused.stdout)
     resumed = _manage("scheduling_resume", task.name, "--by", "ops")
     assert (resumed.returncode, resumed.stderr) == (0, "")
     assert re.fullmatch(
-        r"resumed demo: digest every 5 s at \S+ by ops: 0 slots skipped while paused\n",
+        rf"resumed demo: digest every 5 s at {at} by ops: 0 slots skipped while paused\n",
         resumed.stdout,
     )
 

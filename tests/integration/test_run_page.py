@@ -91,12 +91,14 @@ def test_the_raw_fields_show_their_moments_to_the_millisecond_in_utc(page):
                             raw))
     assert {label: shown[label] for label in ("Dispatched at", "Started at", "Finished at",
                                               "Republished at", "Overdue at")} == {
-        "Dispatched at": "2026-07-06 07:00:01.262", "Started at": "2026-07-06 07:05:02.600",
-        "Finished at": "2026-07-06 07:05:03.801", "Republished at": "2026-07-06 07:05:01.262",
+        "Dispatched at": "2026-07-06 07:00:01.262 UTC",
+        "Started at": "2026-07-06 07:05:02.600 UTC",
+        "Finished at": "2026-07-06 07:05:03.801 UTC",
+        "Republished at": "2026-07-06 07:05:01.262 UTC",
         "Overdue at": "-",
     }
     assert (
-        '2026-07-06 07:00:00.000<div class="help">The slot of the schedule this run is for (UTC);'
+        '2026-07-06 07:00:00.000 UTC<div class="help">The slot of the schedule this run is for (UTC);'
         " for a manual run, when it was asked for.</div>" in raw
     )  # the column's help text under it, as for every other raw field
 

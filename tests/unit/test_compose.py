@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -18,9 +19,24 @@ def test_services_are_postgres_redis_web_and_a_scalable_app():
     assert sorted(services) == ["app", "postgres", "redis", "web"]
     app = services["app"]
     assert "container_name" not in app and "ports" not in app  # --scale app=3 must work
-    assert "celery -A project worker" in app["command"]
-    assert "celery -A project beat" in app["command"]
-    assert "--pidfile=" in app["command"]
+    # One foreground process, a worker with its beat replica embedded: nothing in the background
+    # that restart: unless-stopped would not restart.
+    assert app["command"] == [
+        "celery", "-A", "project", "worker", "-B", "--scheduler", "scheduling.schedulers:LedgerScheduler",
+        "-l", "info", "--without-gossip", "--without-mingle",
+    ]
+    assert app["restart"] == "unless-stopped"
+
+
+def test_the_image_runs_the_newest_supported_python():
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
+    newest = max(
+        re.findall(r'"Programming Language :: Python :: (3\.\d+)"',
+                   (COMPOSE.parent / "pyproject.toml").read_text()),
+        key=lambda version: tuple(map(int, version.split("."))),
+    )
+    assert newest == "3.14"
+    assert re.findall(r"(?m)^FROM (\S+)", dockerfile) == [f"python:{newest}-slim"]
 
 
 def test_django_services_use_the_compose_postgres_and_redis():

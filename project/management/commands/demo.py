@@ -14,12 +14,15 @@ data in a shared database (``DATABASE_URL``) does not show up in it; lateness is
 scheduled runs only, not of manual "run now" runs.
 
 Children get ``DATABASE_URL`` and ``CELERY_BROKER_URL`` explicitly (computed once here from the
-settings), so they all use the same database and broker, embedded or real. Their logs go to
-``demo-logs/`` under the data folder (``SCHEDULING_DATA_DIR``, default ``.data``).
+settings), so they all use the same database and broker, embedded or real. Their logs go to a
+folder of their own per demo, named by its start time (UTC), under ``demo-logs/`` in the data
+folder (``SCHEDULING_DATA_DIR``, default ``.data``): ``.data/demo-logs/2026-12-07_13-43-58/``;
+the earlier demos' folders stay beside it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -32,7 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -142,8 +145,7 @@ class Command(BaseCommand):
             raise CommandError("--kill-replica needs at least 2 replicas")
         _require_free_port(port)
         self.children: list[Child] = []
-        self.logs = embedded.data_dir() / "demo-logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
+        self.logs = run_logs(embedded.data_dir() / "demo-logs", datetime.now(UTC))
 
         # Progress on a terminal: 4 set-up steps, then each child until it is ready.
         with progress("starting the demo", total=4 + replicas + 2) as advance:
@@ -153,7 +155,7 @@ class Command(BaseCommand):
             advance(note="admin login")
             self._prepare_broker()
             advance(note="broker")
-            _retire_previous_tasks()
+            retired = retire_previous_tasks()
             since = ledger.database_now()
             previous = [signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)]
             try:
@@ -167,10 +169,12 @@ class Command(BaseCommand):
             names = _example_tasks()
             advance(note="periodic tasks")
         self.say("migrated the database; periodic tasks: " + "; ".join(names))
+        if retired:
+            self.say(f"cancelled {retired} runs an earlier demo left pending")
         self.say("started " + ", ".join(f"{c.name} (pid {c.pid})" for c in self.children))
         try:
             self.say(f"admin: http://127.0.0.1:{port}/admin/  login: admin / {password}")
-            self.say(f"logs:  {self.logs}/")
+            self.say(f"logs:  {self.logs}/ (earlier demos' logs: {self.logs.parent}/)")
             self._watch(since, options["duration"], options["kill_replica"])
         except (KeyboardInterrupt, _Stop):
             self.say("stopping")
@@ -468,17 +472,45 @@ def _admin_login() -> str:
 ONE_OFF = f"{PREFIX}one-off in 30 s"
 
 
-def _retire_previous_tasks() -> None:
+def run_logs(root: Path, started: datetime) -> Path:
+    """Make and return this demo's log folder: ``root`` / its start time (UTC, to the second).
+
+    The folder name is ``2026-12-07_13-43-58``; a demo started within the same second as an
+    earlier one gets ``_2``, ``_3`` ... after it. Earlier folders are left alone.
+    """
+    name = started.astimezone(UTC).strftime("%Y-%m-%d_%H-%M-%S")
+    root.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 100):
+        folder = root / (name if attempt == 1 else f"{name}_{attempt}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise CommandError(f"cannot make a log folder for {name} in {root}")
+
+
+def retire_previous_tasks() -> int:
     """Before the replicas start: cancel the runs an earlier demo left pending (its tasks are
     disabled and the ledger reconciled), so a restart does not dispatch a stale, very late run,
-    and delete its one-off (a one-off that ran once is over for good)."""
+    and delete its one-off (a one-off that ran once is over for good). Return how many runs
+    were cancelled; the reconcile's own log line about them is kept out of the demo's output."""
     PeriodicTask.objects.filter(name__startswith=PREFIX).update(enabled=False)
-    ledger.reconcile(timedelta(seconds=conf.misfire_grace_seconds))
+    pending = Run.objects.filter(periodic_task_name__startswith=PREFIX, status=Run.Status.PENDING)
+    retired = pending.count()
+    quiet = logging.getLogger("scheduling")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        ledger.reconcile(timedelta(seconds=conf.misfire_grace_seconds))
+    finally:
+        quiet.setLevel(level)
     for task in PeriodicTask.objects.filter(name=ONE_OFF).select_related("clocked"):
         clocked = task.clocked
         task.delete()
         if clocked is not None and not clocked.periodictask_set.exists():
             clocked.delete()
+    return retired
 
 
 def _example_tasks() -> list[str]:
@@ -488,7 +520,7 @@ def _example_tasks() -> list[str]:
     - ``demo: record every minute``: a ``* * * * *`` crontab in UTC.
     - ``demo: one-off in 30 s``: a clocked one-off, 30 s ahead of the database clock.
 
-    Called once the replicas run (``_retire_previous_tasks`` went before them): the interval's
+    Called once the replicas run (``retire_previous_tasks`` went before them): the interval's
     first slot is 5 s after this save, and a slot due before any replica was up would be
     dispatched seconds late.
     """

@@ -14,6 +14,7 @@ from scheduling import ledger
 from scheduling.console import progress
 from scheduling.exceptions import SchedulingError
 from scheduling.management.commands._tasks import periodic_task
+from scheduling.timeformat import utc_text
 
 
 def _instant(value: str) -> datetime:
@@ -68,8 +69,8 @@ class Command(BaseCommand):
             f"{total.slots - total.created} already there",
         ))
         self.stdout.write(
-            f"backfill of {task.name!r} from {since.isoformat()} until {until.isoformat()}: "
-            f"{counts}"
+            f"backfill of {task.name!r} from {utc_text(since, 's')} "
+            f"until {utc_text(until, 's')}: {counts}"
         )
 
     def _warn_before_creation(self, task: PeriodicTask, since: datetime, until: datetime) -> None:
@@ -82,10 +83,10 @@ class Command(BaseCommand):
             self.stderr.write(
                 ngettext(
                     "warning: %(n)d slot of this range comes before %(task)r was created "
-                    "(%(created)s UTC): it is run although the task did not exist then",
+                    "(%(created)s): it is run although the task did not exist then",
                     "warning: %(n)d slots of this range come before %(task)r was created "
-                    "(%(created)s UTC): they are run although the task did not exist then",
+                    "(%(created)s): they are run although the task did not exist then",
                     early,
                 ) % {"n": early, "task": task.name,
-                     "created": f"{created.astimezone(UTC):%Y-%m-%d %H:%M:%S}"}
+                     "created": utc_text(created, "s")}
             )

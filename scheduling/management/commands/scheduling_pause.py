@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from scheduling import ledger
 from scheduling.exceptions import PauseRejected
 from scheduling.management.commands._tasks import periodic_task
+from scheduling.timeformat import utc_text
 
 
 class Command(BaseCommand):
@@ -32,4 +33,4 @@ class Command(BaseCommand):
             made = ledger.pause(task, by=who, why=options["reason"])
         except PauseRejected as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(f"paused {task.name} at {made.paused_at.isoformat()} by {who}")
+        self.stdout.write(f"paused {task.name} at {utc_text(made.paused_at)} by {who}")

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from scheduling import ledger
 from scheduling.console import progress
 from scheduling.durations import parse_duration
+from scheduling.timeformat import utc_text
 
 
 class Command(BaseCommand):
@@ -42,7 +43,7 @@ class Command(BaseCommand):
             raise CommandError("--batch-size must be 1 or more")
         counts = ledger.prune_counts(plan)
         self.stdout.write(
-            f"finished runs that finished before {plan.cutoff.isoformat()}, keeping the last "
+            f"finished runs that finished before {utc_text(plan.cutoff)}, keeping the last "
             f"{plan.keep_last} of each task:"
         )
         if not options["dry_run"] and counts:

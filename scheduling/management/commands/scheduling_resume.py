@@ -11,6 +11,7 @@ from django.utils.translation import ngettext
 from scheduling import ledger
 from scheduling.exceptions import PauseRejected
 from scheduling.management.commands._tasks import periodic_task
+from scheduling.timeformat import utc_text
 
 
 class Command(BaseCommand):
@@ -34,7 +35,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         skipped = done.run.slots if done.run is not None else 0
         self.stdout.write(
-            f"resumed {task.name} at {done.resumed_at.isoformat()} by {who}: "
+            f"resumed {task.name} at {utc_text(done.resumed_at)} by {who}: "
             + ngettext(
                 "%(count)d slot skipped while paused", "%(count)d slots skipped while paused",
                 skipped,

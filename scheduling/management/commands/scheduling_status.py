@@ -10,7 +10,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 from rich.table import Table
 
-from scheduling.overview import TaskStatus, format_time, task_statuses
+from scheduling.overview import TaskStatus, task_statuses
+from scheduling.timeformat import utc_text
 
 HEADERS = (
     "Task", "Schedule", "Enabled", "Paused", "Next run", "Last run", "Outcome", "Lateness",
@@ -32,8 +33,8 @@ def cells(row: TaskStatus, upcoming: bool = False, separator: str = "\n") -> tup
         row.schedule,
         "yes" if row.enabled else "no",
         paused,
-        format_time(row.next_run),
-        format_time(row.last_run),
+        utc_text(row.next_run, "s"),
+        utc_text(row.last_run, "s"),
         row.last_status or "-",
         "-" if row.lateness is None else f"{row.lateness:.3f} s",
         str(row.buffered),
