@@ -21,7 +21,8 @@ from scheduling import ledger
 from scheduling.admin.upcoming_runs import preview_start
 from scheduling.models import Replica, Run
 from scheduling.timeformat import utc_text
-from tests.acceptance.deployment import ROOT, test_database_url
+from tests.acceptance.deployment import ROOT
+from tests.acceptance.deployment import test_database_url as database_url
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +32,7 @@ ELSEWHERE = MOMENT.astimezone(timezone(timedelta(hours=-5)))
 
 
 def _manage(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": test_database_url(),
+    env = {**os.environ, "DATABASE_URL": database_url(),
            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL}
     return subprocess.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
