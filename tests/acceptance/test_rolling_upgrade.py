@@ -41,7 +41,9 @@ from tests.acceptance.test_migrations import new_database  # noqa: F401  (a fixt
 from tests.acceptance.test_upgrade import FAST
 from tools.processes import Processes
 
-pytestmark = pytest.mark.acceptance
+# Old and new code claiming side by side on one schema, not the broker: the first pass of
+# .ci/run covers it.
+pytestmark = [pytest.mark.acceptance, pytest.mark.once]
 
 #: Seconds the replicas and workers of both releases run together (the kill half way).
 SIDE_BY_SIDE = 60

@@ -19,7 +19,11 @@ from scheduling.models import Run
 from tests.acceptance.deployment import ROOT, Deployment, drain
 from tools.processes import READY
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.broker, pytest.mark.django_db(transaction=True)]
+# Run in .ci/run's first pass (the SQL transport) and on RabbitMQ ('broker'), not again on Redis.
+pytestmark = [
+    pytest.mark.acceptance, pytest.mark.once, pytest.mark.broker,
+    pytest.mark.django_db(transaction=True),
+]
 
 WORKERS = ("app-1", "app-2", "app-3")
 RUN_SECONDS = 62
