@@ -72,7 +72,7 @@ def _git(*args: str) -> str:
 
 def environment(folder: Path, database_url: str, **env: str) -> dict[str, str]:
     """The environment of a process of the code at ``folder`` on ``database_url``."""
-    return {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(folder), **env}
+    return {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": release_path(folder), **env}
 
 
 def manage_at(folder: Path, database_url: str, *args: str, timeout: float = 180) -> str:
@@ -105,8 +105,18 @@ def old_processes(folder: Path, head: Deployment) -> Processes:
     executions of both). Each logs the files it imports (``IMPORTS_LOGGED``)."""
     return Processes(
         head.workdir, queue=head.queue, cwd=folder,
-        env={**head.env, "PYTHONPATH": str(folder), **IMPORTS_LOGGED},
+        env={**head.env, "PYTHONPATH": release_path(folder), **IMPORTS_LOGGED},
     )
+
+
+#: A sitecustomize that keeps today's editable install out of an earlier release's processes.
+RELEASE_SITE = Path(__file__).with_name("previous_release_site")
+
+
+def release_path(folder: Path) -> str:
+    """``PYTHONPATH`` for a process of the release checked out at ``folder``: its code first,
+    and ``RELEASE_SITE``, so no module missing from it comes from today's editable install."""
+    return os.pathsep.join((str(folder), str(RELEASE_SITE)))
 
 
 def query(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:

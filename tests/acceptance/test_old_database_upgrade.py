@@ -22,6 +22,7 @@ import psycopg
 import pytest
 
 from scheduling.migration_match import OLD_CHAIN_COMMIT, OLD_CHAIN_LAST
+from tests.acceptance.previous_release import release_path
 from tests.acceptance.private_postgres import manage
 from tests.acceptance.test_migrations import AFTER, SHOWN, new_database  # noqa: F401
 from tests.schema_catalog import catalog_of, differences
@@ -82,7 +83,7 @@ def checkouts(tmp_path_factory) -> Iterator[dict[str, Path]]:
 
 def old_manage(checkout: Path, url: str, *args: str) -> str:
     """``manage.py ARGS`` of an old commit's own code (its folder first on the path)."""
-    env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(checkout)}
+    env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": release_path(checkout)}
     done = subprocess.run([sys.executable, "manage.py", *args], cwd=checkout, env=env,
                           capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, f"manage.py {' '.join(args)} at {checkout.name}:\n{done.stderr}"
