@@ -57,11 +57,11 @@ def opaque_entries(monkeypatch: pytest.MonkeyPatch) -> None:
     def get_actions(self: admin.ModelAdmin, request: Any, **kwargs: Any) -> dict[str, Opaque]:
         return {name: Opaque(name) for name in django_get_actions(self, request)}
 
-    def get_action(self: admin.ModelAdmin, action: Any) -> Any:
+    def get_action(self: admin.ModelAdmin, action: Any, *args: Any, **kwargs: Any) -> Any:
         caller = sys._getframe(1).f_globals["__name__"]
         if caller.startswith("scheduling"):
             raise AssertionError(f"{caller} called ModelAdmin.get_action({action!r}): a tuple")
-        return django_get_action(self, action)
+        return django_get_action(self, action, *args, **kwargs)  # Django 6.1: action_location
 
     monkeypatch.setattr(admin.ModelAdmin, "get_actions", get_actions)
     monkeypatch.setattr(admin.ModelAdmin, "get_action", get_action)

@@ -34,7 +34,7 @@ from django_celery_beat.models import (
 from psycopg import sql
 
 from scheduling import ledger
-from scheduling.admin_permissions import check_action_permissions, requiring
+from scheduling.admin_permissions import check_action_permissions, listed_actions, requiring
 from scheduling.models import Replica, TaskPolicy
 from tests.integration.conftest import claim
 
@@ -72,9 +72,7 @@ def _superuser_request() -> Any:
 
 
 #: (admin, action name) for every action of every admin, as Django lists them before filtering.
-ACTIONS = [
-    (ma, name) for ma in _admins() for _func, name, _description in ma._get_base_actions()
-]
+ACTIONS = [(ma, name) for ma in _admins() for name in listed_actions(ma)]
 #: The actions a user can be given (some admin permission allows them): the positive cases.
 GRANTABLE = [(ma, name) for ma, name in ACTIONS if name in ma.get_actions(_superuser_request())]
 #: (admin, URL name) for every named URL of every admin.
@@ -248,7 +246,7 @@ def test_no_admin_url_writes_without_its_permission(world, case):
 @pytest.mark.parametrize("case", GRANTABLE, ids=_action_id)
 def test_each_action_runs_for_a_user_with_its_permission(world, case):
     ma, name = case
-    needed = ma.get_actions(_superuser_request())[name][0].allowed_permissions
+    needed = listed_actions(ma)[name].allowed_permissions
     client = _client(_user("entitled", [*_permissions("view"), *_permissions(*needed)]))
     data = {**world, "action": name, "index": "0", "_selected_action": _selected(ma)}
     url = reverse(f"admin:{ma.opts.app_label}_{ma.opts.model_name}_changelist")
