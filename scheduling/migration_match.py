@@ -116,7 +116,8 @@ class MigrationWait:
     """One process's wait for the database's migrations to match its code.
 
     ``behind()`` checks (the first call, or any while waiting) and says whether to wait; a gap
-    is logged once at ``level`` (another gap logs again), its end once at WARNING, and
+    is logged once at ``level`` (a different gap while it lasts at INFO), its end once at
+    WARNING, and
     ``on_match`` is called then. ``delay()`` is the seconds to wait before the next check: the
     replicas' capped, jittered backoff (``cadences.RETRY_BACKOFF_MAX``). Thread-safe; a forked
     child starts from its parent's state, so a gap its parent logged is not logged again.
@@ -141,10 +142,12 @@ class MigrationWait:
             was_waiting, self.waiting = self.waiting, bool(gap)
             self.checks = self.checks + 1 if gap else 0
             if gap and gap != self._logged:
-                self._logged = gap
+                # The first gap of a wait at ``level``; one that changes while it lasts (a
+                # ``migrate`` applying the missing migrations one by one) at INFO.
+                first, self._logged = not self._logged, gap
                 logger.log(
-                    self.level, "%s %s: %s", self.who, self.doing, gap.describe(),
-                    extra={"action": "migrations_behind"},
+                    self.level if first else logging.INFO, "%s %s: %s", self.who, self.doing,
+                    gap.describe(), extra={"action": "migrations_behind"},
                 )
             elif gap:
                 logger.debug("%s: migrations still do not match: %s", self.who, gap.describe())

@@ -11,6 +11,7 @@ import pytest
 
 from scheduling import ledger
 from scheduling.models import Replica, Run
+from scheduling.timeformat import utc_text
 from tests.acceptance.deployment import ROOT, Deployment, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
@@ -62,7 +63,7 @@ def test_unhealthy_while_a_stuck_claim_holds_a_due_run(
         "",
         (
             f"unhealthy: 1 run pending more than 2 s past the slot (oldest: \"stuck 'claim'\" "
-            f"scheduled for {slot.isoformat(timespec='milliseconds')})\n"
+            f"scheduled for {utc_text(slot)})\n"
         ),
     )
     raw_connection.rollback()  # the lock ends: the live replica dispatches the run at once
