@@ -248,7 +248,15 @@ class LedgerScheduler(DatabaseScheduler):
             flush=flush,
             book=self._book,
             floor=self._floor.value,
+            revoke=self._revoke,
         )
+
+    def _revoke(self, task_ids: list[str]) -> None:
+        """Revoke the started runs overlap policy replace terminates: Celery's revoke (``celery.app.control.Control.revoke``)
+        with ``terminate`` (SIGTERM to the pool process running each; the worker then records
+        the run failed, revoked). A broadcast: brokers without one (kombu's SQL transport)
+        drop it, and the runs finish instead."""
+        self.app.control.revoke(task_ids, terminate=True, signal="SIGTERM")
 
     def _poll(self) -> tuple[ledger.Poll, datetime | None]:
         """``ledger.poll`` from the replica's due floor, and that floor. A poll from no floor

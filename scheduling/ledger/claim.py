@@ -8,11 +8,10 @@ Each claimed run is decided by ``decision.decide`` (pure: load error, deleted or
 expiry, pause, misfire policy, overlap policy) and the decision is applied in one place
 (``_Batch.apply``): publish, close, record missed, skipped or buffered, then plan the next slot.
 
-Overlap policy buffer_one: a run due while its task is busy is recorded buffered
-(``buffered_at``: now) when no run of its task is buffered (in the ledger, or earlier in this
-batch), else skipped; the next slot is planned as usual. A buffered run made pending again when
-the busy run ended (schema.sql, ``release_buffered``) is dispatched without the misfire policy,
-and no slot is planned after it (``decision.decide``, ``released``).
+The overlap policies that wait (buffer_one, buffer_all, replace) are ``decision.decide``'s; the
+claim records a buffered run (``buffered_at``: now) and, under replace, ends the task's
+unfinished runs (``replace``) and revokes a started one after its commit when the policy says
+terminate.
 """
 
 from __future__ import annotations
@@ -41,7 +40,9 @@ from scheduling.ledger.writes import (
     update_runs,
     update_tasks,
 )
-from scheduling.models import Pause, Run
+from scheduling.ledger.policy import stale_bound
+from scheduling.ledger.replace import replace_unfinished
+from scheduling.models import Pause, Run, TaskPolicy
 from scheduling.run_message import Message, build_message
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ def claim_and_dispatch(
     flush: Callable[[], None] | None = None,
     book: TaskBook | None = None,
     floor: datetime | None = None,
+    revoke: Callable[[list[str]], None] | None = None,
     using: str = "default",
 ) -> list[Dispatched]:
     """Claim due pending runs, publish them, mark them dispatched, plan the next; one transaction.
@@ -102,36 +104,28 @@ def claim_and_dispatch(
     writes them later); without it they are written in the claim. A task whose schedule the
     claim ended is written in the claim either way (``enabled`` off with the commit).
     ``floor``: runs due before it are not claimed (the replica's ``DueFloor``; None: every due
-    run).
+    run). ``revoke(task_ids)`` is called after the commit with the started runs overlap policy
+    replace terminates (the replica's ``celery.app.control.Control.revoke``); None: they finish.
     Returns what was committed; an empty list when nothing was due or every due run is being
     claimed by another replica.
 
-    A run later than its grace period after its slot is a misfire, handled by the task's misfire
-    policy (``TaskPolicy``, loaded in the claim query; ``grace`` is the default grace period, a
-    task's ``misfire_grace_seconds`` overrides it): see ``policy.misfire``.
-
-    A scheduled run of a paused task (an open ``Pause``, read by the claim query) is recorded
-    skipped (``Run.Reason.paused``), linked to the pause, and no slot is planned after it:
-    ``ledger.resume`` counts the slots that passed and plans the next.
-
-    Overlap policy skip (``TaskPolicy``): a scheduled or backfill run due while an earlier run of
-    its task is dispatched, running or retrying (dispatched less than the staleness bound ago:
-    ``overlap_stale_seconds``, else ``SCHEDULING_OVERLAP_STALE_SECONDS``), or dispatched earlier in
-    this batch, is recorded skipped with the reason, and the next slot is planned as usual. The
-    claim query loads the policy and the newest unfinished run's dispatch time with each row.
-    Overlap policy buffer_one buffers the first such run instead (module doc).
+    What happens to each claimed run (misfire, pause, overlap policies) is
+    ``decision.decide``'s.
     """
     with transaction.atomic(using=using):
         claimed = claim_due(batch_size, using, floor)
         if not claimed:
             return []
         _load_pauses(claimed, using)
-        batch = _Batch(publish, flush, replica_id, grace, claimed[0].db_now)
+        batch = _Batch(publish, flush, replica_id, grace, claimed[0].db_now, using)
+        batch.claimed_ids = [run.id for run in claimed]
         for run in claimed:
             batch.take(run)
         batch.send()
         batch.write(claimed, book, using)
         _link_pauses(claimed, using)
+    if batch.terminate:
+        _revoke(revoke, batch.terminate)
     result = [_dispatched(run) for run in claimed]
     for done in result:
         _log(done, replica_id)
@@ -148,15 +142,18 @@ class _Batch:
         replica_id: str,
         grace: timedelta,
         claimed_at: datetime,
+        using: str,
     ) -> None:
         self.publish, self.flush, self.replica_id, self.grace = publish, flush, replica_id, grace
-        self.claimed_at, self.started = claimed_at, time.monotonic()
+        self.claimed_at, self.started, self.using = claimed_at, time.monotonic(), using
+        self.claimed_ids: list[int] = []
+        self.terminate: list[str] = []  # task ids of started runs overlap replace revokes
         self.default_stale = conf.overlap_stale_seconds
         self.following: list[tuple[ClaimedTask, datetime]] = []
         self.missed: list[Run] = []
         self.task_updates: dict[int, TaskUpdate] = {}
-        self.busy: set[int] = set()  # tasks with a run dispatched in this claim
-        self.waiting: set[int] = set()  # tasks with a run buffered in this claim
+        self.busy: dict[int, ClaimedRun] = {}  # task -> its run dispatched in this claim
+        self.waiting: dict[int, int] = {}  # task -> runs waiting more (+) or fewer (-) than read
         self.unplanned: set[int] = set()
         self.unsent: list[ClaimedRun] = []
         self.flush_at = FLUSH_EVERY  # runs the next flush holds: doubled after each
@@ -199,7 +196,7 @@ class _Batch:
             now=now, grace=self.grace, default_stale=self.default_stale,
             load_error=run.load_error, pause=run.pause,
             in_batch=run.periodic_task_id in self.busy, busy_since=run.busy_since,
-            waiting=bool(run.waiting) or run.periodic_task_id in self.waiting,
+            waiting=(run.waiting or 0) + self.waiting.get(run.periodic_task_id, 0),
             released=run.buffered_at is not None,
         )
         if decision.plan_error:
@@ -226,9 +223,45 @@ class _Batch:
             case Kind.CLOSE | Kind.SKIP:
                 close(run, decision.status, decision.reason or "", now, error=decision.error)
             case Kind.BUFFER:
-                run.status, run.reason = decision.status, decision.reason or ""
-                run.buffered_at = run.buffered_at or now
-                self.waiting.add(run.periodic_task_id)
+                self.buffer(run, decision.reason or "", now)
+            case Kind.REPLACE:
+                if decision.reason is not None:
+                    run.reason = decision.reason
+                self.replace(run, now)
+
+    def buffer(self, run: ClaimedRun, reason: str, now: datetime) -> None:
+        """Record the run buffered: it waits until the task's busy run ends."""
+        if run.buffered_at is None:  # a released run waited already: counted as waiting
+            self.waiting[run.periodic_task_id] = self.waiting.get(run.periodic_task_id, 0) + 1
+            run.buffered_at = now
+        run.status, run.reason = Run.Status.BUFFERED, reason
+
+    def replace(self, run: ClaimedRun, now: datetime) -> None:
+        """Overlap policy replace: end the task's unfinished runs, then dispatch ``run``, or
+        buffer it behind a started one (left to finish, or revoked with terminate after the
+        commit: ``TaskPolicy.replace_started``). A run of the task dispatched earlier in this
+        claim is skipped in memory (its message is out; the guard drops it), unless its slot is
+        the newer one, which then replaces this run."""
+        task = run.periodic_task
+        assert task is not None and task.scheduling_policy is not None
+        earlier = self.busy.get(task.pk)
+        if earlier is not None and earlier.scheduled_for > run.scheduled_for:
+            close(run, Run.Status.SKIPPED, Run.Reason.replaced(earlier.scheduled_for), now)
+            return
+        reason = Run.Reason.replaced(run.scheduled_for)
+        if earlier is not None:
+            close(earlier, Run.Status.SKIPPED, reason, now)
+        policy = task.scheduling_policy
+        terminate = policy.replace_started == TaskPolicy.ReplaceStarted.TERMINATE
+        started = replace_unfinished(task.pk, self.claimed_ids, reason, terminate, self.using)
+        bound = stale_bound(policy, self.default_stale)
+        live = [(task_id, at) for task_id, at in started if at is None or now - at <= bound]
+        if not live:
+            self.dispatch(run, now)
+            return
+        if terminate:
+            self.terminate.extend(task_id for task_id, _ in live)
+        self.buffer(run, Run.Reason.buffered(live[0][1]), now)
 
     def dispatch(self, run: ClaimedRun, now: datetime) -> None:
         """Publish the run (failed when its message is rejected) and mark it dispatched."""
@@ -255,7 +288,9 @@ class _Batch:
         if len(self.unsent) >= self.flush_at:
             self.send()
             self.flush_at *= 2
-        self.busy.add(task.pk)
+        self.busy[task.pk] = run
+        if run.buffered_at is not None:  # a released run: one fewer waits
+            self.waiting[task.pk] = self.waiting.get(task.pk, 0) - 1
 
     def record_missed(self, run: ClaimedRun, decision: Decision, now: datetime) -> None:
         """Queue the rows of the slots a misfire records missed after the run, and log it."""
@@ -383,6 +418,25 @@ def _link_pauses(claimed: list[ClaimedRun], using: str) -> None:
             Pause.objects.using(using).filter(pk=run.pause.pk, run__isnull=True).update(
                 run=run.id
             )
+
+
+def _revoke(revoke: Callable[[list[str]], None] | None, task_ids: list[str]) -> None:
+    """Revoke, with terminate, the started runs a committed claim replaced (overlap policy
+    replace); a failure is logged: the runs then finish, and the runs replacing them wait."""
+    try:
+        if revoke is None:
+            raise RuntimeError("this claim has no way to revoke")
+        revoke(task_ids)
+    except Exception:  # noqa: BLE001 - the claim is committed; the runs finish instead
+        logger.exception(
+            "cannot revoke the replaced runs %s; they finish, then the new runs go",
+            ", ".join(task_ids), extra={"action": "replace"},
+        )
+    else:
+        logger.info(
+            "revoked with terminate the replaced runs %s", ", ".join(task_ids),
+            extra={"action": "replace"},
+        )
 
 
 def _flush(flush: Callable[[], None], runs: list[ClaimedRun]) -> None:

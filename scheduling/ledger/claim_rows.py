@@ -81,6 +81,8 @@ class Policy(NamedTuple):
     overlap_policy: str
     overlap_stale_seconds: int | None
     jitter_seconds: int
+    buffer_limit: int
+    replace_started: str
 
 
 class Version(NamedTuple):
@@ -133,8 +135,9 @@ class ClaimedRun:
     ``reason``, ``slots``, ``claimed_by``, ``dispatched_at``, ``error``, ``finished_at``,
     ``buffered_at`` (set: a buffered run, or one released to pending again). ``db_now`` is the
     database clock at the claim; ``busy_since`` the newest dispatch of an unfinished run of the
-    same task (read for overlap policies skip and buffer_one only); ``waiting`` whether the task
-    has a buffered run (buffer_one only; None otherwise); ``pause_id`` the task's
+    same task (read for the overlap policies other than allow); ``waiting`` how many other runs
+    of the task wait, buffered or released (buffer_one, buffer_all and replace; None otherwise);
+    ``pause_id`` the task's
     open pause (``Pause``), None when it is not paused, and ``pause`` that row, loaded by the
     claim for the paused runs only. ``periodic_task`` is None when the task was deleted. The
     claim fills in ``load_error`` (the task's schedule cannot be loaded), ``misfire`` (the

@@ -8,12 +8,16 @@ decision in one place. The order of the rules: load error, deleted task, disable
 pause, then the misfire policy (``policy.misfire``, ``policy.one_off_misfire``), then the overlap
 policy (``policy.overlap``). Rules: docs/semantics.md and docs/lifecycle.md.
 
-Overlap policy ``buffer_one`` (Temporal's BUFFER_ONE; docs/lifecycle.md): a run due while its
-task is busy waits, recorded ``buffered`` (BUFFER), when no other run of the task waits; else it
-is skipped like under overlap skip. A buffered run is made pending again by the database when the
-busy run ends (schema.sql, ``release_buffered``), and its claim (``released``) dispatches it
-without asking the misfire policy or planning a slot (its next slot was planned when it was
-buffered); still busy (another run started meanwhile), it is buffered again.
+The overlap policies that wait (docs/lifecycle.md): under ``buffer_one`` a run due while its
+task is busy is recorded ``buffered`` (BUFFER) when no other run of the task waits, else
+skipped; under ``buffer_all`` it is buffered, and so is a run due while earlier slots of its task
+wait (slot order), up to the task's ``buffer_limit``, past which it is skipped; under ``replace``
+the claim ends the task's unfinished runs first (REPLACE: it reads which have started, which no
+value read before the claim can say) and then dispatches the run or buffers it behind the
+started one. The database makes the task's oldest buffered run pending again when the busy run
+ends (schema.sql, ``release_buffered``), and its claim (``released``) dispatches it without
+asking the misfire policy or planning a slot (its next slot was planned when it was buffered);
+still busy (another run started meanwhile), it is buffered again.
 """
 
 from __future__ import annotations
@@ -39,8 +43,12 @@ class Kind(enum.StrEnum):
     MISS = "miss"
     #: Overlap policy skip, or a paused task: recorded ``skipped``.
     SKIP = "skip"
-    #: Overlap policy buffer_one: recorded ``buffered``, dispatched when the busy run ends.
+    #: Overlap policy buffer_one, buffer_all or replace: recorded ``buffered``, dispatched when
+    #: the busy run ends.
     BUFFER = "buffer"
+    #: Overlap policy replace: the task's unfinished runs are ended, then the run is dispatched
+    #: (or buffered behind a started one the policy lets finish or terminates).
+    REPLACE = "replace"
 
 
 class Decision(NamedTuple):
@@ -82,7 +90,7 @@ def decide(
     pause: Any = None,
     in_batch: bool = False,
     busy_since: datetime | None = None,
-    waiting: bool = False,
+    waiting: int = 0,
     released: bool = False,
 ) -> Decision:
     """Decide one claimed run of ``task`` (None: deleted) at ``slot`` with trigger ``trigger``.
@@ -93,9 +101,9 @@ def decide(
     ``load_error`` says why the task's schedule could not be loaded (the run fails), ``pause``
     is the task's open ``Pause`` (anything with ``paused_by`` and ``why``) for a scheduled run.
     ``in_batch``: a run of the task was dispatched earlier in this claim; ``busy_since``: the
-    newest dispatch of an unfinished run of the task. ``waiting``: a run of the task is
-    buffered already (in the ledger or earlier in this claim); ``released``: this run was
-    buffered and is pending again (its ``buffered_at`` is set). Raises nothing but what the
+    newest dispatch of an unfinished run of the task. ``waiting``: how many other runs of the
+    task wait (buffered, or released; in the ledger and in this claim); ``released``: this run
+    was buffered and is pending again (its ``buffered_at`` is set). Raises nothing but what the
     schedule's maths raises besides ``ScheduleError`` (which becomes ``plan_error``).
     """
     ended = _ended(task, trigger, slot, load_error, pause)
@@ -109,24 +117,41 @@ def decide(
         decision = _one_off(task, slot, due, now, grace)
     else:
         decision = _periodic(task, slot, due, now, grace)
-    if decision.kind != Kind.DISPATCH:
+    if decision.kind != Kind.DISPATCH or trigger == Run.Trigger.MANUAL:
         return decision
     why = overlap(
         task, trigger, slot, in_batch=in_batch, busy_since=busy_since, now=now,
         default_stale=default_stale,
     )
-    if not why:
+    policy = getattr(task, "scheduling_policy", None)
+    return _overlap(decision, policy, why, None if in_batch else busy_since,
+                    waiting=int(waiting or 0), released=released)
+
+
+def _overlap(
+    decision: Decision, policy: Any, why: str, since: datetime | None, *, waiting: int,
+    released: bool,
+) -> Decision:
+    """The overlap policy's say on a run the other rules dispatch: ``why`` is why the task is
+    busy ("" when it is not, or the run is manual), ``since`` the busy run's dispatch (None: in
+    this batch), ``waiting`` how many other runs of the task wait."""
+    kind = TaskPolicy.Overlap.ALLOW if policy is None else policy.overlap_policy
+    if kind == TaskPolicy.Overlap.REPLACE:
+        return decision._replace(kind=Kind.REPLACE) if why or waiting else decision
+    queued = kind == TaskPolicy.Overlap.BUFFER_ALL and waiting > 0 and not released
+    if kind == TaskPolicy.Overlap.ALLOW or not why and not queued:
         return decision
-    if task.scheduling_policy.overlap_policy != TaskPolicy.Overlap.BUFFER_ONE:
+    if kind == TaskPolicy.Overlap.SKIP:
         return decision._replace(kind=Kind.SKIP, status=Run.Status.SKIPPED, reason=why)
-    since = None if in_batch else busy_since
-    if waiting:
-        return decision._replace(
-            kind=Kind.SKIP, status=Run.Status.SKIPPED, reason=Run.Reason.buffer_full(since)
-        )
-    return decision._replace(
-        kind=Kind.BUFFER, status=Run.Status.BUFFERED, reason=Run.Reason.buffered(since)
-    )
+    full = None
+    if not released and kind == TaskPolicy.Overlap.BUFFER_ONE and waiting:
+        full = Run.Reason.buffer_full(since)
+    elif not released and kind == TaskPolicy.Overlap.BUFFER_ALL and waiting >= policy.buffer_limit:
+        full = Run.Reason.buffer_limit(policy.buffer_limit)
+    if full is not None:
+        return decision._replace(kind=Kind.SKIP, status=Run.Status.SKIPPED, reason=full)
+    reason = Run.Reason.buffered(since) if why else Run.Reason.behind(waiting)
+    return decision._replace(kind=Kind.BUFFER, status=Run.Status.BUFFERED, reason=reason)
 
 
 def _ended(task: Any, trigger: str, slot: datetime, load_error: str, pause: Any) -> Decision | None:

@@ -350,12 +350,14 @@ def record_not_executed(task_id: str, status: str, reason: str, error: str = "",
     """Close a run whose message a worker dropped before executing it; return True if one was.
 
     Used for an expired message (``status`` expired), a revoked one and a task name the worker
-    does not know (failed). Only a run not yet started (pending or dispatched) is closed: a
-    duplicate message dropped while the run executes elsewhere leaves it alone.
+    does not know (failed). Only a run not executing is closed (pending, dispatched, or
+    retrying: its next attempt's message was dropped, by a revoke of overlap policy replace
+    say): a duplicate message dropped while the run executes elsewhere leaves it alone.
     """
+    waiting = (Run.Status.PENDING, Run.Status.DISPATCHED, Run.Status.RETRYING)
     return bool(
         Run.objects.using(using)
-        .filter(task_id=task_id, status__in=(Run.Status.PENDING, Run.Status.DISPATCHED))
+        .filter(task_id=task_id, status__in=waiting)
         .update(
             status=status, reason=reason, error=error[:ERROR_LIMIT], finished_at=ClockTimestamp()
         )

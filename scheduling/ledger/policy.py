@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django_celery_beat.models import PeriodicTask
 
@@ -180,8 +181,11 @@ def one_off_misfire(
     return MisfireDecision(MisfireDecision.MISSED, Run.Reason.missed(kind, lateness, grace), None)
 
 
-#: The overlap policies under which an unfinished run keeps the next one from dispatching.
-_WAITING = (TaskPolicy.Overlap.SKIP, TaskPolicy.Overlap.BUFFER_ONE)
+#: The overlap policies under which an unfinished run keeps the next one from dispatching at once.
+_WAITING = (
+    TaskPolicy.Overlap.SKIP, TaskPolicy.Overlap.BUFFER_ONE, TaskPolicy.Overlap.BUFFER_ALL,
+    TaskPolicy.Overlap.REPLACE,
+)
 
 
 def overlap(
@@ -196,9 +200,9 @@ def overlap(
 ) -> str:
     """Return why a run is skipped under its task's overlap policy, or "" to dispatch it.
 
-    Overlap policies skip and buffer_one (``TaskPolicy``) apply to scheduled and backfill runs,
-    not manual ones (under buffer_one the reason means "busy", and ``decision.decide`` buffers
-    the run when no other run of its task waits): a run is skipped while an earlier run of its
+    The overlap policies other than allow (``TaskPolicy``) apply to scheduled and backfill runs,
+    not manual ones (under buffer_one, buffer_all and replace the reason means "busy", and
+    ``decision.decide`` says what follows): a run is skipped while an earlier run of its
     task was dispatched in the same batch (``in_batch``), or is dispatched, running or retrying
     since ``busy_since`` (the newest such dispatch, aware UTC) less than the staleness bound ago
     (``overlap_stale_seconds``, else ``default_stale`` seconds: a lost worker cannot block the
@@ -214,8 +218,7 @@ def overlap(
         return Run.Reason.OVERLAP_IN_BATCH
     if busy_since is None:
         return ""
-    stale = policy.overlap_stale_seconds
-    bound = timedelta(seconds=default_stale if stale is None else stale)
+    bound = stale_bound(policy, default_stale)
     if now - busy_since > bound:
         logger.warning(
             "run of %r at %s: the unfinished run dispatched at %s is older than %s; not skipping",
@@ -223,3 +226,11 @@ def overlap(
         )
         return ""
     return Run.Reason.overlap(busy_since)
+
+
+def stale_bound(policy: TaskPolicy | Any, default_stale: float) -> timedelta:
+    """How long an unfinished run holds a new slot of its task back under an overlap policy:
+    the policy's ``overlap_stale_seconds``, else ``default_stale`` seconds
+    (``SCHEDULING_OVERLAP_STALE_SECONDS``); past it the run is taken for lost."""
+    stale = policy.overlap_stale_seconds
+    return timedelta(seconds=default_stale if stale is None else stale)

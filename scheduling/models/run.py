@@ -37,9 +37,11 @@ class Run(models.Model):
 
     Lifecycle: pending -> dispatched -> running -> succeeded | failed (retrying in between for
     Celery retries); dispatched -> expired (the message's ``expires`` passed before a worker took
-    it); pending -> missed | skipped | cancelled; under overlap policy buffer_one, pending ->
-    buffered (due while its task was busy) -> pending again when the busy run ends
-    (``buffered_at`` kept: schema.sql's block ``release_buffered``) -> dispatched as above. The
+    it); pending -> missed | skipped | cancelled; under overlap policies buffer_one, buffer_all
+    and replace, pending -> buffered (due while its task was busy) -> pending again when the
+    busy run ends (the task's oldest buffered run; ``buffered_at`` kept: schema.sql's block
+    ``release_buffered``) -> dispatched as above; under replace a run not started when a newer
+    slot comes is skipped (``Reason.replaced``). The
     name of the periodic task and its Celery task are copied onto the row so the audit survives
     deleting the task.
 
@@ -143,6 +145,24 @@ class Run(models.Model):
             return f"overlap: a run already waits for {busy}"
 
         @staticmethod
+        def behind(waiting: int) -> str:
+            """A run buffered behind ``waiting`` earlier slots of its task (overlap policy
+            buffer_all keeps slot order)."""
+            return f"buffered: waited behind {waiting} earlier runs of this task"
+
+        @staticmethod
+        def buffer_limit(limit: int) -> str:
+            """A run skipped because ``limit`` runs of its task wait already (overlap policy
+            buffer_all, its ``buffer_limit``)."""
+            return f"overlap: buffer full, {limit} runs already wait (buffer all)"
+
+        @staticmethod
+        def replaced(slot: datetime) -> str:
+            """A run ended by overlap policy replace: the run of ``slot`` (aware UTC) replaced
+            it (never started: skipped; started and terminated: failed, revoked)."""
+            return f"replaced by the run of {slot.isoformat()}"
+
+        @staticmethod
         def republished(times: int, limit: int, timeout: timedelta) -> str:
             """A dispatched run re-published because no worker started it within ``timeout``."""
             return (
@@ -242,7 +262,8 @@ class Run(models.Model):
         null=True,
         blank=True,
         help_text="When the run was held back because the task's previous run had not finished "
-        "(overlap policy \"buffer one\"; UTC). Kept after the run was sent.",
+        "(overlap policies buffer one, buffer all and replace; UTC). Kept after the run was "
+        "sent.",
     )
     overdue_at = models.DateTimeField(
         null=True,
@@ -276,13 +297,6 @@ class Run(models.Model):
                 condition=Q(trigger="schedule", status="pending", buffered_at__isnull=True),
                 name="scheduling_run_one_pending_per_task",
             ),
-            # Overlap policy buffer_one: at most one run of a task waits for the busy one. Also
-            # the index of the claim's "has this task a buffered run?" and of its release.
-            models.UniqueConstraint(
-                fields=["periodic_task"],
-                condition=Q(status="buffered"),
-                name="scheduling_run_one_buffered_per_task",
-            ),
             # Backfills are idempotent: one backfill run per (periodic task, slot).
             models.UniqueConstraint(
                 fields=["periodic_task", "scheduled_for"],
@@ -303,6 +317,14 @@ class Run(models.Model):
                 fields=["due_at", "id"],
                 condition=Q(status="pending"),
                 name="scheduling_run_pending_due",
+            ),
+            # A task's waiting runs (overlap policies buffer_one, buffer_all, replace): buffered,
+            # or released and pending again, in slot order: the claim's count of them and the
+            # release of the oldest (schema.sql, block release_buffered).
+            models.Index(
+                fields=["periodic_task", "scheduled_for", "id"],
+                condition=Q(buffered_at__isnull=False, status__in=["buffered", "pending"]),
+                name="scheduling_run_waiting",
             ),
             # Pending runs whose task was deleted (each reconcile pass looks for them).
             models.Index(

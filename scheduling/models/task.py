@@ -28,6 +28,20 @@ class TaskPolicy(models.Model):
             "buffer one: while a run is unfinished, the next waits and runs after it; "
             "further slots are skipped",
         )
+        BUFFER_ALL = (
+            "buffer_all",
+            "buffer all: while a run is unfinished, every further slot waits and runs after it, "
+            "in slot order, one at a time (up to the buffer limit)",
+        )
+        REPLACE = (
+            "replace",
+            "replace: a new slot ends the unfinished run (not started: it never starts; "
+            "started: as 'replace started' says) and runs instead",
+        )
+
+    class ReplaceStarted(models.TextChoices):
+        FINISH = "finish", "finish: the started run finishes, then the new slot runs"
+        TERMINATE = "terminate", "terminate: revoke the started run (SIGTERM), then run the new slot"
 
     class WorkerLost(models.TextChoices):
         FAIL = "fail", "fail: close the run as worker lost"
@@ -54,8 +68,20 @@ class TaskPolicy(models.Model):
     overlap_stale_seconds = models.PositiveIntegerField(
         null=True,
         blank=True,
-        help_text="An unfinished run older than this no longer blocks (overlap skip, buffer one). "
-        "Empty: the global setting.",
+        help_text="An unfinished run dispatched longer ago than this no longer holds a new slot "
+        "back (overlap skip, buffer one, buffer all, replace). Empty: the global setting.",
+    )
+    buffer_limit = models.PositiveIntegerField(
+        default=100,
+        help_text="Overlap buffer all: most runs waiting at once. A slot due while this many wait "
+        "is recorded skipped (buffer full).",
+    )
+    replace_started = models.CharField(
+        max_length=16,
+        choices=ReplaceStarted.choices,
+        default=ReplaceStarted.FINISH,
+        help_text="Overlap replace, when the unfinished run has already started: let it finish "
+        "(its outcome kept) or revoke it with terminate; the new slot runs once it has ended.",
     )
 
     worker_lost_policy = models.CharField(

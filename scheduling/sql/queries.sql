@@ -63,9 +63,10 @@ SELECT clock_timestamp(),
 -- (a stable bound: an index condition, invariant 5). With each run, the columns the claim reads
 -- (ledger.claim_rows reads a row by column name: the aliases are the attributes of ClaimedRun and ClaimedTask):
 -- the run's, the database clock, busy_since (the newest dispatch of an unfinished run of the
--- task, for overlap policies skip and buffer_one only: the partial index
--- scheduling_run_unfinished), waiting (whether the task has a buffered run, for buffer_one only:
--- the partial unique constraint scheduling_run_one_buffered_per_task), pause_id (the
+-- task, for the overlap policies other than allow: the partial index
+-- scheduling_run_unfinished), waiting (how many other runs of the task wait: buffered, or
+-- released and pending again; for buffer_one, buffer_all and replace: the partial index
+-- scheduling_run_waiting), pause_id (the
 -- task's open pause: the partial unique constraint scheduling_pause_one_open_per_task), then its
 -- periodic task, schedule, policy and definition version (NULL when there is none). Statuses
 -- are literals, so a generic plan proves the partial indexes' predicates; the floor and the
@@ -73,15 +74,18 @@ SELECT clock_timestamp(),
 SELECT r.id, r.periodic_task_id, r.periodic_task_name, r.trigger, r.scheduled_for, r.due_at,
        r.task_id, r.reason, r.slots, r.claimed_by, r.dispatched_at, r.error, r.finished_at,
        r.buffered_at, clock_timestamp() AS db_now,
-       CASE WHEN p.overlap_policy IN ({overlap.skip}, {overlap.buffer_one}) THEN
+       CASE WHEN p.overlap_policy IN ({overlap.skip}, {overlap.buffer_one}, {overlap.buffer_all},
+                                      {overlap.replace}) THEN
            (SELECT u.dispatched_at FROM {run} u
             WHERE u.periodic_task_id = r.periodic_task_id
               AND u.status IN ({unfinished})
             ORDER BY u.dispatched_at DESC NULLS LAST LIMIT 1)
        END AS busy_since,
-       CASE WHEN p.overlap_policy = {overlap.buffer_one} THEN
-           EXISTS (SELECT 1 FROM {run} b
-                   WHERE b.periodic_task_id = r.periodic_task_id AND b.status = {status.buffered})
+       CASE WHEN p.overlap_policy IN ({overlap.buffer_one}, {overlap.buffer_all},
+                                      {overlap.replace}) THEN
+           (SELECT count(*) FROM {run} b
+            WHERE b.periodic_task_id = r.periodic_task_id AND b.id <> r.id
+              AND b.buffered_at IS NOT NULL AND b.status IN ({status.buffered}, {status.pending}))
        END AS waiting,
        (SELECT o.id FROM {pause} o
         WHERE o.periodic_task_id = r.periodic_task_id AND o.resumed_at IS NULL LIMIT 1) AS pause_id,
@@ -94,7 +98,7 @@ SELECT r.id, r.periodic_task_id, r.periodic_task_name, r.trigger, r.scheduled_fo
        s.event, s.latitude, s.longitude,
        k.clocked_time,
        p.misfire_policy, p.misfire_grace_seconds, p.catch_up_limit, p.overlap_policy,
-       p.overlap_stale_seconds, p.jitter_seconds,
+       p.overlap_stale_seconds, p.jitter_seconds, p.buffer_limit, p.replace_started,
        v.version
 FROM {run} r
 LEFT JOIN {periodic_task} t ON t.id = r.periodic_task_id
@@ -108,6 +112,30 @@ WHERE r.status = {status.pending} AND r.due_at >= %(floor)s AND r.due_at <= stat
 ORDER BY r.due_at, r.id
 LIMIT %(limit)s
 FOR UPDATE OF r SKIP LOCKED
+
+-- replace_not_started --
+-- Overlap policy replace, in the claim's transaction: the unfinished runs of task %(task)s that
+-- have not started (dispatched, buffered, or released and pending again; not the claim's own
+-- runs, %(claimed)s) are skipped with reason %(reason)s: a delivery of one is dropped by the
+-- guard. A run the guard is starting at this instant is waited for and then left alone (the
+-- UPDATE reads the row again once its lock is free, and it is running then). Returns how many.
+WITH ended AS (
+    UPDATE {run} r SET status = {status.skipped}, reason = %(reason)s,
+        finished_at = clock_timestamp()
+    WHERE r.periodic_task_id = %(task)s AND r.id <> ALL(%(claimed)s)
+      AND (r.status IN ({status.dispatched}, {status.buffered})
+           OR (r.status = {status.pending} AND r.buffered_at IS NOT NULL))
+    RETURNING r.id
+)
+SELECT count(*) FROM ended
+
+-- replace_started --
+-- Then, in a statement of its own (its snapshot sees a start committed meanwhile): the runs of
+-- task %(task)s that have started (running, retrying), as (task id, dispatched_at); when %(terminate)s each gets reason %(reason)s (the replica revokes them
+-- after its commit, and the outcome keeps the reason).
+UPDATE {run} r SET reason = CASE WHEN %(terminate)s THEN %(reason)s ELSE r.reason END
+WHERE r.periodic_task_id = %(task)s AND r.status IN ({status.running}, {status.retrying})
+RETURNING r.task_id, r.dispatched_at
 
 -- database_now --
 SELECT clock_timestamp()

@@ -397,13 +397,14 @@ CREATE OR REPLACE TRIGGER scheduling_history_policy_delete
     FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('policy', 'periodic_task_id');
 
 -- release_buffered --
--- Overlap policy buffer_one (docs/lifecycle.md, "Overlap policy buffer_one"): when a run of a
--- task leaves the unfinished statuses (dispatched, running, retrying) for any other, by whatever
--- path (the worker's outcome, the lost-worker sweep, the delivery deadline's close, the admin,
--- raw SQL), the task's buffered run is pending again, due now (clock_timestamp()), its
--- buffered_at kept: the next claim dispatches it, or buffers it again while another run of the
--- task is unfinished. Nothing to do (one primary-key probe, one probe of the partial unique
--- index scheduling_run_one_buffered_per_task) unless the task's policy is buffer_one or it has a
+-- Overlap policies buffer_one, buffer_all and replace (docs/lifecycle.md, "Overlap policies that
+-- wait"): when a run of a task leaves the unfinished statuses (dispatched, running, retrying) for
+-- any other, by whatever path (the worker's outcome, the lost-worker sweep, the delivery
+-- deadline's close, the admin, raw SQL), the task's oldest buffered run (by slot) is pending
+-- again, due now (clock_timestamp()), its buffered_at kept: the next claim dispatches it, or
+-- buffers it again while another run of the task is unfinished. One run at a time, so
+-- buffer_all's runs go in slot order. Nothing to do (one primary-key probe, one probe of the
+-- partial index scheduling_run_waiting) unless the task's policy is one of the three or it has a
 -- buffered run. A claim may be buffering a run of the task at this instant, having read the
 -- finishing run as unfinished: the task's due pending runs are locked first, which waits for that
 -- claim's commit (a claim holds its runs for its transaction, milliseconds), so the buffered run
@@ -418,7 +419,8 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM scheduling_taskpolicy
                    WHERE periodic_task_id = NEW.periodic_task_id
-                     AND overlap_policy = {overlap.buffer_one})
+                     AND overlap_policy IN ({overlap.buffer_one}, {overlap.buffer_all},
+                                            {overlap.replace}))
        AND NOT EXISTS (SELECT 1 FROM scheduling_run
                        WHERE periodic_task_id = NEW.periodic_task_id AND status = {status.buffered}) THEN
         RETURN NULL;
@@ -428,7 +430,10 @@ BEGIN
       AND due_at <= clock_timestamp()
     FOR UPDATE;
     UPDATE scheduling_run SET status = {status.pending}, due_at = clock_timestamp()
-    WHERE periodic_task_id = NEW.periodic_task_id AND status = {status.buffered};
+    WHERE id = (SELECT id FROM scheduling_run
+                WHERE periodic_task_id = NEW.periodic_task_id AND status = {status.buffered}
+                  AND buffered_at IS NOT NULL
+                ORDER BY scheduled_for, id LIMIT 1);
     RETURN NULL;
 END
 $$;

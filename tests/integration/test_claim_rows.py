@@ -40,7 +40,7 @@ def test_the_statement_gives_every_column_the_claimed_run_and_task_read_by_name(
         cursor.execute(queries["claim"], {"floor": ledger.NO_FLOOR, "limit": 1})
         names = [column.name for column in cursor.description]
     layout = claimed.RowLayout.of(names)  # raises ValueError for a column it lacks
-    assert (len(names), len(set(names))) == (59, 59)  # no name given twice
+    assert (len(names), len(set(names))) == (61, 61)  # no name given twice
     assert names[layout.task_pk] == "pk"
 
 
@@ -112,7 +112,7 @@ def test_a_claimed_task_holds_what_its_models_hold(make_task):
         ))
         assert row.scheduling_version == claimed.Version(task.scheduling_version.version)
     assert got[crontab.pk].periodic_task.scheduling_policy == claimed.Policy(
-        "catch_up", 9, 4, "skip", 600, 7
+        "catch_up", 9, 4, "skip", 600, 7, 100, "finish"
     )
     assert str(got[crontab.pk].periodic_task.crontab.timezone) == "Europe/Paris"
 

@@ -31,6 +31,8 @@ FROZEN = {
         "a0755c9ecedec393ca3f96fbd5fae398659e14789f576bc312844d4ece1ad6e9",
     "0007_history_pauses_no_bookkeeping.sql":
         "518097fca681a9792db121a64247c6781ccdaa48442b7cd97360d9ef9ffa4d86",
+    "0008_overlap_replace_buffer_all.sql":
+        "65bdc8a7ddc87092c3efb8e5be1120a2c8d0facdbbccd0c9db82348d7520fbdc",
 }
 
 BLOCKS = [
