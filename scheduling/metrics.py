@@ -13,7 +13,10 @@ for the guard, ``worker`` (the Celery worker's node name):
   stands for), ``caught_up`` (dispatched late, one by one, under catch up);
 - ``scheduling_runs_skipped_total{task, replica}``: runs recorded skipped by the overlap policy;
 - ``scheduling_runs_buffered_total{task, replica}``: runs recorded buffered by overlap policy
-  buffer_one (each waits for its task's unfinished run, and counts again if buffered again);
+  buffer_one, buffer_all or replace (each waits for its task's unfinished run, and counts again
+  if buffered again);
+- ``scheduling_runs_replaced_total{task, replica}``: unfinished runs ended by overlap policy
+  replace for a newer slot (not started: skipped; started: revoked with terminate);
 - ``scheduling_duplicates_suppressed_total{task, worker}``: duplicate deliveries the worker guard
   dropped (``scheduling.guard``);
 - ``scheduling_runs_republished_total{task, replica, cause}``: runs a replica published again
@@ -91,7 +94,13 @@ RUNS_SKIPPED = Counter(
 )
 RUNS_BUFFERED = Counter(
     "scheduling_runs_buffered",
-    "Runs recorded buffered behind their task's unfinished run (overlap policy buffer_one).",
+    "Runs recorded buffered behind their task's unfinished run (overlap policies buffer_one, "
+    "buffer_all, replace).",
+    ["task", "replica"],
+)
+RUNS_REPLACED = Counter(
+    "scheduling_runs_replaced",
+    "Unfinished runs ended by overlap policy replace for a newer slot (skipped, or terminated).",
     ["task", "replica"],
 )
 DUPLICATES_SUPPRESSED = Counter(
@@ -166,6 +175,8 @@ def _observe_claim(dispatched: Iterable[Dispatched], replica: str, seconds: floa
             RUNS_SKIPPED.labels(task, replica).inc()
         elif item.status == Run.Status.BUFFERED:
             RUNS_BUFFERED.labels(task, replica).inc()
+        if item.replaced:
+            RUNS_REPLACED.labels(task, replica).inc(item.replaced)
         if item.misfire:
             MISFIRED_SLOTS.labels(task, replica, item.misfire).inc(item.misfired_slots)
 

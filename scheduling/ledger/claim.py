@@ -75,6 +75,8 @@ class Dispatched:
     #: Slots that misfire covered: missed rows' slots, a coalesced run's slots, 1 caught up.
     misfired_slots: int = 0
     reason: str = ""
+    #: Unfinished runs of its task it ended (overlap policy replace): skipped, or terminated.
+    replaced: int = 0
 
 
 def claim_and_dispatch(
@@ -253,9 +255,12 @@ class _Batch:
             close(earlier, Run.Status.SKIPPED, reason, now)
         policy = task.scheduling_policy
         terminate = policy.replace_started == TaskPolicy.ReplaceStarted.TERMINATE
-        started = replace_unfinished(task.pk, self.claimed_ids, reason, terminate, self.using)
+        ended, started = replace_unfinished(
+            task.pk, self.claimed_ids, reason, terminate, self.using
+        )
         bound = stale_bound(policy, self.default_stale)
         live = [(task_id, at) for task_id, at in started if at is None or now - at <= bound]
+        run.replaced = ended + (earlier is not None) + (len(live) if terminate else 0)
         if not live:
             self.dispatch(run, now)
             return
@@ -372,6 +377,7 @@ def _dispatched(run: ClaimedRun) -> Dispatched:
         misfire=outcome,
         misfired_slots=misfired,
         reason=run.reason,
+        replaced=run.replaced,
     )
 
 

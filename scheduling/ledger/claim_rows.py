@@ -141,8 +141,8 @@ class ClaimedRun:
     open pause (``Pause``), None when it is not paused, and ``pause`` that row, loaded by the
     claim for the paused runs only. ``periodic_task`` is None when the task was deleted. The
     claim fills in ``load_error`` (the task's schedule cannot be loaded), ``misfire`` (the
-    misfire policy's decision, from ``decision.Decision``) and ``missed_after`` (slots
-    recorded missed after it).
+    misfire policy's decision, from ``decision.Decision``), ``missed_after`` (slots
+    recorded missed after it) and ``replaced`` (the runs it ended under overlap policy replace).
     """
 
     #: The statement's columns a claimed run reads, by name; then its working state.
@@ -153,6 +153,7 @@ class ClaimedRun:
     )
     __slots__ = (  # noqa: RUF023
         *READ, "status", "periodic_task", "pause", "load_error", "misfire", "missed_after",
+        "replaced",
     )
 
     def __init__(self, values: Sequence[object], task: ClaimedTask | None, load_error: str) -> None:
@@ -169,6 +170,7 @@ class ClaimedRun:
         self.load_error = load_error
         self.misfire: MisfireDecision | None = None
         self.missed_after = 0
+        self.replaced = 0
 
     @property
     def pk(self) -> int:

@@ -16,13 +16,13 @@ from scheduling.sql import queries
 
 def replace_unfinished(
     task: int, claimed: list[int], reason: str, terminate: bool, using: str = "default"
-) -> list[tuple[str, datetime | None]]:
+) -> tuple[int, list[tuple[str, datetime | None]]]:
     """End the unfinished runs of periodic task ``task`` (its id) for a newer slot.
 
     The runs not started yet (dispatched, buffered, or released and pending again), other than
     this claim's own (``claimed``, run ids), are skipped with ``reason``: a delivery of one is
-    dropped by the worker guard. Then, in a second statement that sees a start committed
-    meanwhile, returns the started ones (running, retrying) as (Celery task id, dispatched_at:
+    dropped by the worker guard; returns how many, and then, read by a second statement that
+    sees a start committed meanwhile, the started ones (running, retrying) as (Celery task id, dispatched_at:
     aware UTC or None), newest dispatch first; with ``terminate`` each gets ``reason`` (the
     caller revokes them after its commit and their outcome keeps it). Must run inside the
     claim's transaction; database errors propagate (the claim rolls back).
@@ -30,9 +30,10 @@ def replace_unfinished(
     params = {"task": task, "claimed": claimed, "reason": reason, "terminate": terminate}
     with connections[using].cursor() as cursor:
         cursor.execute(queries["replace_not_started"], params)
+        (ended,) = cursor.fetchone()
         cursor.execute(queries["replace_started"], params)
         started = [(task_id, at) for task_id, at in cursor.fetchall()]
-    return sorted(started, key=lambda row: row[1] or _NEVER, reverse=True)
+    return ended, sorted(started, key=lambda row: row[1] or _NEVER, reverse=True)
 
 
 #: Sorts a started run without a dispatch time (written by hand) last.
