@@ -25,12 +25,13 @@ def _s(seconds: float):
     return S0 + timedelta(seconds=seconds)
 
 
-def _task(misfire: str | None = None, overlap: str = TaskPolicy.Overlap.ALLOW, **fields):
+def _task(misfire: str | None = None, overlap: str = TaskPolicy.Overlap.ALLOW, limit: int = 100,
+          **fields):
     task = interval_task(10, start_time=S0, **fields)
     if misfire is not None:
         task.scheduling_policy = TaskPolicy(
             misfire_policy=misfire, misfire_grace_seconds=5, catch_up_limit=100,
-            overlap_policy=overlap, overlap_stale_seconds=None,
+            overlap_policy=overlap, overlap_stale_seconds=None, buffer_limit=limit,
         )
     return task
 
@@ -172,6 +173,48 @@ def test_a_released_buffered_run_is_dispatched_without_misfire_or_planning():
     )
     assert _decide(_task(enabled=False), released=True) == Decision(
         Kind.CLOSE, Run.Status.CANCELLED, "periodic task disabled", planned=True
+    )
+
+
+def test_buffer_all_buffers_while_busy_or_behind_waiting_runs_up_to_its_limit():
+    task = _task(TaskPolicy.Misfire.COALESCE, overlap=TaskPolicy.Overlap.BUFFER_ALL, limit=3)
+    busy = "buffered: waited for the run dispatched at 2025-06-02T11:59:30+00:00 to finish"
+    assert _decide(task, busy_since=_s(-30), waiting=2) == Decision(
+        Kind.BUFFER, Run.Status.BUFFERED, busy, next_slot=_s(10)
+    )
+    assert _decide(task, waiting=2) == Decision(  # nothing busy, earlier slots wait: slot order
+        Kind.BUFFER, Run.Status.BUFFERED, "buffered: waited behind 2 earlier runs of this task",
+        next_slot=_s(10),
+    )
+    assert _decide(task, busy_since=_s(-30), waiting=3) == Decision(
+        Kind.SKIP, Run.Status.SKIPPED, "overlap: buffer full, 3 runs already wait (buffer all)",
+        next_slot=_s(10),
+    )
+    assert _decide(task, released=True, waiting=3) == Decision(  # the oldest, released: runs
+        Kind.DISPATCH, Run.Status.DISPATCHED, planned=True
+    )
+    assert _decide(task, released=True, waiting=3, in_batch=True) == Decision(
+        Kind.BUFFER, Run.Status.BUFFERED,
+        "buffered: waited for a run dispatched in the same batch to finish", planned=True,
+    )
+    assert _decide(task) == Decision(Kind.DISPATCH, Run.Status.DISPATCHED, next_slot=_s(10))
+    assert _decide(task, trigger=Run.Trigger.MANUAL, waiting=3) == Decision(
+        Kind.DISPATCH, Run.Status.DISPATCHED
+    )
+
+
+def test_replace_asks_the_claim_to_end_the_unfinished_runs_when_busy_or_a_run_waits():
+    task = _task(TaskPolicy.Misfire.COALESCE, overlap=TaskPolicy.Overlap.REPLACE)
+    for busy in ({"busy_since": _s(-30)}, {"in_batch": True}, {"waiting": 1}):
+        assert _decide(task, **busy) == Decision(
+            Kind.REPLACE, Run.Status.DISPATCHED, next_slot=_s(10)
+        ), busy
+    assert _decide(task) == Decision(Kind.DISPATCH, Run.Status.DISPATCHED, next_slot=_s(10))
+    assert _decide(task, busy_since=_s(-3600)) == Decision(  # stale: taken for lost
+        Kind.DISPATCH, Run.Status.DISPATCHED, next_slot=_s(10)
+    )
+    assert _decide(task, trigger=Run.Trigger.MANUAL, busy_since=_s(-30)) == Decision(
+        Kind.DISPATCH, Run.Status.DISPATCHED
     )
 
 
