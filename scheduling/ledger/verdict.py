@@ -11,7 +11,7 @@ reads the run row, asks it and performs the writes; the guard acts on the outcom
 ``CASES`` is the function's table, in the order the cases are tried; docs/guard.md shows it, one
 row a case (tests/unit/test_verdict.py holds the two equal). The guard's one-statement start (the
 SQL function ``scheduling_start_execution``) performs one case alone, ``FIRST_DELIVERY``: the lock
-free, the run dispatched, the write ``START``.
+free, the run dispatched, the write ``START`` (tests/integration/test_guard_start.py).
 """
 
 from __future__ import annotations
