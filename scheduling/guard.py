@@ -21,12 +21,13 @@ For a delivery carrying the ``scheduling_run`` header (every run the scheduler p
    for the purpose (``_Liveness``). The lock is held while the body runs and released with the outcome (or at
    ``task_postrun``); when the process dies, its session ends and the server frees the lock. A
    lock held by someone else is the evidence that the attempt is executing on a live worker.
-2. In the same statement, a dispatched run (its first delivery) is started: running. Any other
-   case goes to ``ledger.begin_execution``, which decides on the run row in one transaction
-   (rule in its docstring): execute (running), or drop (the ``suppressed`` counter goes up, a
-   warning is logged with ``extra={"action": "suppress"}``, and ``Ignore`` is raised). A run
-   whose worker died mid-task executes again only when the broker redelivered the message and
-   the lock was free.
+2. In the same statement, a dispatched run (its first delivery) is started: running, the
+   verdict's case ``FIRST_DELIVERY`` (``ledger.verdict``). Any other case goes to
+   ``ledger.begin_execution``, which reads the run row, asks ``verdict.verdict`` (the rule, one
+   table: docs/guard.md) and performs the writes it names, in one transaction; the guard acts on
+   the verdict: execute, requeue, or drop (a warning is logged with
+   ``extra={"action": "suppress"}``, and ``Ignore`` is raised). A run whose worker died mid-task
+   executes again only when the broker redelivered the message and the lock was free.
 3. The outcome (``scheduling.worker``) is one statement on the same session: the run's final
    status and the lock's release (``_Liveness.finish``). Django's connection is not opened for
    a first delivery at all, so the fix-up's closing it around every task costs nothing.
@@ -116,8 +117,8 @@ def guard(request: Any, task_id: str) -> None:
 
     A first delivery of a dispatched run costs one statement on this process's own session
     (``_Liveness.start``: the execution lock and the start); every other case is decided by
-    ``ledger.begin_execution`` on Django's connection. Raises ``Reject(requeue=True)`` after
-    ``RETRY_DELAY`` seconds when the database fails.
+    ``ledger.begin_execution`` on Django's connection (the verdict, ``ledger.verdict``). Raises
+    ``Reject(requeue=True)`` after ``RETRY_DELAY`` seconds when the database fails.
     """
     from django.db import DatabaseError, InterfaceError
 
@@ -126,7 +127,7 @@ def guard(request: Any, task_id: str) -> None:
     key = Attempt(task_id, int(request.get("retries") or 0))
     try:
         exclusive, started = liveness.start(key, request.get("hostname") or "")
-        decision = None if started else _decide(request, key, exclusive)
+        found = None if started else _decide(request, key, exclusive)
     except (DatabaseError, InterfaceError, OSError, *liveness.errors) as exc:
         if _held_for_migrations(exc, task_id):
             return guard(request, task_id)  # the migrations match now: decide again
@@ -138,10 +139,10 @@ def guard(request: Any, task_id: str) -> None:
         time.sleep(RETRY_DELAY)
         raise Reject(f"ledger unreachable: {exc}", requeue=True) from exc
     database.reached(session=liveness.address())
-    if decision is None:  # started: released with the outcome, or at task_postrun
+    if found is None:  # started: released with the outcome, or at task_postrun
         setattr(request, LOCK_ATTRIBUTE, key)
         return
-    _follow(request, key, exclusive, decision)
+    _follow(request, key, exclusive, found)
 
 
 def _held_for_migrations(exc: BaseException, task_id: str) -> bool:
@@ -171,7 +172,7 @@ def _held_for_migrations(exc: BaseException, task_id: str) -> bool:
 
 
 def _decide(request: Any, key: Attempt, exclusive: bool) -> Any:
-    """``ledger.begin_execution``'s decision for a delivery the one-statement start did not
+    """``ledger.begin_execution``'s verdict on a delivery the one-statement start did not
     start; the execution lock (held when ``exclusive``) is released if it raises."""
     from scheduling import ledger
 
@@ -191,32 +192,28 @@ def _decide(request: Any, key: Attempt, exclusive: bool) -> Any:
         raise
 
 
-def _follow(request: Any, key: Attempt, exclusive: bool, decision: Any) -> None:
-    """Act on ``begin_execution``'s ``decision``: requeue, execute (return) or drop (Ignore)."""
-    from scheduling.models import Run
+def _follow(request: Any, key: Attempt, exclusive: bool, found: Any) -> None:
+    """Act on ``begin_execution``'s verdict ``found``, deciding nothing: execute (return, the
+    lock kept), execute untracked (return), requeue (``Reject``) or drop (``Ignore``); the
+    attempt's lock, when this process took it (``exclusive``), is released but for an execution."""
+    from scheduling.ledger import Outcome
 
     task_id = key.task_id
-    if decision.requeue:
-        if exclusive:
-            liveness.unlock(key)
+    if found.outcome == Outcome.EXECUTE:
+        setattr(request, LOCK_ATTRIBUTE, key)  # released by the outcome or at task_postrun
+        logger.info("run %s executes: %s", task_id, found.reason, extra={"action": "execute"})
+        return
+    if exclusive:
+        liveness.unlock(key)
+    if found.outcome == Outcome.UNTRACKED:
+        return
+    if found.outcome == Outcome.REQUEUE:
         logger.info(
-            "run %s: %s; message requeued in %.0fs", task_id, decision.reason, RETRY_DELAY,
+            "run %s: %s; message requeued in %.0fs", task_id, found.reason, RETRY_DELAY,
             extra={"action": "guard_requeue"},
         )
         time.sleep(RETRY_DELAY)
         raise Reject(f"run not in the ledger yet: {task_id}", requeue=True)
-    if decision.execute:
-        if not decision.tracked:
-            liveness.unlock(key)
-            return
-        setattr(request, LOCK_ATTRIBUTE, key)  # released by the outcome or at task_postrun
-        if decision.reason != Run.Reason.FIRST_DELIVERY:
-            logger.info(
-                "run %s executes: %s", task_id, decision.reason, extra={"action": "execute"}
-            )
-        return
-    if exclusive:
-        liveness.unlock(key)
     from scheduling import metrics
 
     metrics.observe_suppressed(
@@ -225,9 +222,9 @@ def _follow(request: Any, key: Attempt, exclusive: bool, decision: Any) -> None:
     redelivered = bool((request.get("delivery_info") or {}).get("redelivered"))
     logger.warning(
         "run %s: duplicate delivery suppressed (%s; retries=%d, redelivered=%s)",
-        task_id, decision.reason, key.retries, redelivered, extra={"action": "suppress"},
+        task_id, found.reason, key.retries, redelivered, extra={"action": "suppress"},
     )
-    raise Ignore(f"duplicate delivery of run {task_id}: {decision.reason}")
+    raise Ignore(f"duplicate delivery of run {task_id}: {found.reason}")
 
 
 def _slot(request: Any) -> tuple[str, datetime] | None:

@@ -15,7 +15,8 @@ One module per concept, each the only writer of what it names:
 - ``bookkeeping``: the tasks' ``last_run_at``/``total_run_count``, owed by claims, settled later;
 - ``manual``: manual runs and backfills;
 - ``pausing``: pause and resume a task (who, when, why; one skipped run for the slots passed);
-- ``execution``: the worker side (start, duplicate guard decision, outcome);
+- ``execution``: the worker side (start, the duplicate guard's verdict written, outcome);
+- ``verdict``: the duplicate guard's verdict on one delivery (pure: the rule, as a table);
 - ``lost``: running runs whose worker died;
 - ``prune``: deleting old finished runs;
 - ``overdue``: runs not succeeded within their task's success deadline, marked once.
@@ -33,7 +34,6 @@ from scheduling.ledger.changes import CHANGE_RETENTION, SettledChanges, note_unp
 from scheduling.ledger.claim import FLUSH_EVERY, Dispatched, Publish, claim_and_dispatch
 from scheduling.ledger.delivery import Redelivered, Republisher, redeliver
 from scheduling.ledger.execution import (
-    Execution,
     begin_execution,
     record_finished,
     record_not_executed,
@@ -68,6 +68,7 @@ from scheduling.ledger.session import (
     reconcile_turn,
     server_address,
 )
+from scheduling.ledger.verdict import Outcome, Verdict
 
 __all__ = [
     "CHANGE_RETENTION",
@@ -78,9 +79,9 @@ __all__ = [
     "ClockTimestamp",
     "Dispatched",
     "DueFloor",
-    "Execution",
     "LostExecutions",
     "MisfireDecision",
+    "Outcome",
     "Overdue",
     "Poll",
     "PrunePlan",
@@ -89,6 +90,7 @@ __all__ = [
     "Republisher",
     "SettledChanges",
     "TaskBook",
+    "Verdict",
     "acting",
     "application_name",
     "backfill",

@@ -1,15 +1,14 @@
-"""The worker side of a run: its start (with the duplicate guard's decision) and its outcome.
+"""The worker side of a run: its start (with the duplicate guard's verdict) and its outcome.
 
 Called by ``scheduling.guard`` and ``scheduling.worker`` in the worker's processes. Invariant 3:
-``begin_execution`` decides in one transaction on the run row whether a delivery executes, so a
-re-publish or a broker redelivery of a task id runs at most once while the first is running on a
-live worker or after it finished.
+``begin_execution`` reads the run row, asks ``verdict.verdict`` (the rule, pure) and performs the
+writes it names, in one transaction, so a re-publish or a broker redelivery of a task id runs at
+most once while the first is running on a live worker or after it finished.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connections, transaction
@@ -22,6 +21,7 @@ from scheduling.conf import conf
 from scheduling.exceptions import ScheduleError
 from scheduling.ledger.changes import note_unplanned
 from scheduling.ledger.planning import TASK_RELATED
+from scheduling.ledger.verdict import RunFacts, Verdict, Write, verdict
 from scheduling.ledger.writes import ERROR_LIMIT, TaskUpdate, insert_pending, update_tasks
 from scheduling.models import Run, TaskPolicy
 from scheduling.sql import queries
@@ -34,18 +34,18 @@ def record_started(task_id: str, worker: str, using: str = "default") -> bool:
 
     For workers without the guard (``begin_execution`` records the start with its decision).
     Waits for a claim in progress on the row (bounded by the claim transaction). A run still
-    pending after that is adopted (``_start``).
+    pending after that is adopted (``_start``), as the guard's verdict does.
     """
     with transaction.atomic(using=using):
         run = Run.objects.using(using).live().filter(task_id=task_id).select_for_update().first()
         if run is None:
             return False
-        _start(run, {"worker": worker[:255]}, using)
+        _start(run, {"worker": worker[:255]}, using, adopt=run.status == Run.Status.PENDING)
     return True
 
 
-def _start(run: Run, fields: dict[str, object], using: str) -> None:
-    """Mark the locked ``run`` running now, with ``fields``; adopt it if it is still pending.
+def _start(run: Run, fields: dict[str, object], using: str, *, adopt: bool) -> None:
+    """Mark the locked ``run`` running now, with ``fields``; with ``adopt``, adopt it.
 
     A run still pending when a worker starts it was published by a replica whose claim then
     rolled back (it died or was stopped before committing): its message is out, so this delivery
@@ -54,12 +54,11 @@ def _start(run: Run, fields: dict[str, object], using: str) -> None:
     afterwards, since it is no longer pending.
     """
     fields = {"status": Run.Status.RUNNING, "started_at": ClockTimestamp(), **fields}
-    adopted = run.status == Run.Status.PENDING
-    if adopted:  # one clock read: started and dispatched at the same instant
+    if adopt:  # one clock read: started and dispatched at the same instant
         now = database_now(using)
         fields.update(started_at=now, dispatched_at=now, reason=Run.Reason.ADOPTED)
     Run.objects.using(using).filter(pk=run.pk).update(**fields)
-    if adopted:  # after the update: a task has one pending scheduled run at a time
+    if adopt:  # after the update: a task has one pending scheduled run at a time
         _plan_after_adoption(run, using)
 
 
@@ -104,23 +103,6 @@ _WORKER_LOST = Subquery(
 )
 
 
-@dataclass(frozen=True)
-class Execution:
-    """The guard's decision for one delivery: run the task body or drop the delivery.
-
-    ``tracked`` is False when no run has this task id (the body runs, nothing is recorded).
-    ``requeue`` is True when the delivery should go back to the broker and come again (its run
-    is not in the ledger yet: ``_not_planned_yet``). ``reason`` says why (logged, and kept on the
-    run for re-executions).
-    """
-
-    execute: bool
-    tracked: bool
-    reason: str
-    run_id: int | None = None
-    requeue: bool = False
-
-
 #: A scheduled run's slot, as its message names it: (periodic task name, aware UTC slot).
 Slot = tuple[str, datetime]
 
@@ -134,57 +116,34 @@ def begin_execution(
     exclusive: bool,
     slot: Slot | None = None,
     using: str = "default",
-) -> Execution:
-    """Decide, in one transaction on the run row, whether this delivery of ``task_id`` executes.
+) -> Verdict:
+    """Decide, in one transaction on the run row, what happens to this delivery of ``task_id``.
 
-    ``retries`` is Celery's ``request.retries`` of the delivery, ``redelivered`` the broker's flag
+    Reads the run with this task id (locked FOR UPDATE, waiting for a claim in progress on it),
+    asks ``verdict.verdict`` (its table: docs/guard.md) and performs on the run the writes the
+    verdict names (``verdict.Write``); returns the verdict. ``retries`` is Celery's
+    ``request.retries`` of the delivery, ``redelivered`` the broker's flag
     (``delivery_info["redelivered"]``), and ``exclusive`` whether the caller got the run's
     execution lock for this attempt (``scheduling.guard``: a PostgreSQL advisory lock held by the
     executing process's own session for as long as the body runs, so the server frees it when that
-    process dies). The rule, run by run status:
-
-    - pending (published by a replica whose claim rolled back): adopted, executes;
-    - dispatched: executes (the first delivery);
-    - running: a later Celery retry (``retries`` above the run's) executes; the same attempt
-      redelivered by the broker with the execution lock free (its holder's database session has
-      ended: its worker died mid-body) executes again under worker-loss policy ``recover``, and
-      under ``fail`` is dropped and the run closed as failed, "worker lost", saying so. Otherwise
-      it is a duplicate of an execution on a live worker and is dropped;
-    - retrying: only the next attempt (``retries`` above the run's) executes;
-    - failed "not delivered" with no execution (the deadline closed it, then its message arrived
-      after all): executes, nothing of it ran;
-    - succeeded, failed, expired, skipped, missed, cancelled: dropped (finished). A redelivery
-      of a run closed "worker lost" is noted in its error;
-    - no run: requeued when ``slot`` (the message's periodic task name and slot) is a scheduled
-      slot the ledger has not reached yet (``_not_planned_yet``: a ledger behind its messages,
-      after an asynchronous failover); otherwise executed untracked.
-
-    Without ``exclusive`` nothing executes: a live process holds this attempt's lock. An executing
-    delivery sets running, ``started_at``, ``worker``, ``retries`` and adds one to ``executions``;
-    a dropped one adds one to ``suppressed``. Database errors propagate (the guard requeues).
+    process dies). ``slot`` is the message's periodic task name and slot: for a delivery without
+    a run, whether the ledger has not planned it yet is read (``_not_planned_yet``). Database
+    errors propagate (the guard requeues).
     """
     with transaction.atomic(using=using):
         run = _locked_run(task_id, using)
-        if run is None:
-            if slot is not None and _not_planned_yet(task_id, slot, using):
-                return Execution(False, False, _NOT_PLANNED_YET, requeue=True)
-            return Execution(True, False, "no run has this task id")
-        recover = run.worker_lost or conf.worker_lost_policy  # type: ignore[attr-defined]
-        reason = _execution_verdict(run, retries, redelivered, exclusive, recover)
-        if reason is None:
-            _drop(run, redelivered, exclusive, using)
-            return Execution(False, True, _suppressed_reason(run, exclusive), run.pk)
-        fields: dict[str, object] = {
-            "worker": worker[:255],
-            "retries": retries,
-            "executions": F("executions") + 1,
-        }
-        if run.status == Run.Status.RUNNING and retries == run.retries:
-            fields["reason"] = reason
-        elif run.status == Run.Status.FAILED:  # a late delivery of a run closed "not delivered"
-            fields.update(reason=reason, error="", finished_at=None)
-        _start(run, fields, using)
-    return Execution(True, True, reason, run.pk)
+        facts = None if run is None else RunFacts(
+            run.status, run.reason, run.executions, run.retries,
+            run.worker_lost or conf.worker_lost_policy,  # type: ignore[attr-defined]
+        )
+        ahead = run is None and slot is not None and _not_planned_yet(task_id, slot, using)
+        found = verdict(
+            facts, retries=retries, redelivered=redelivered, exclusive=exclusive,
+            ahead_of_ledger=ahead,
+        )
+        if run is not None:
+            _write(run, found, worker, retries, using)
+    return found
 
 
 def _locked_run(task_id: str, using: str) -> Run | None:
@@ -207,28 +166,29 @@ def _locked_run(task_id: str, using: str) -> Run | None:
     )
 
 
-def _drop(run: Run, redelivered: bool, exclusive: bool, using: str) -> None:
-    """Count a dropped delivery on ``run``; a redelivery after its worker died closes it (policy
-    fail), and one of a run already closed "worker lost" is noted in its error."""
-    dropped: dict[str, object] = {"suppressed": F("suppressed") + 1}
-    if exclusive and redelivered and run.status == Run.Status.RUNNING:
-        dropped.update(  # worker-loss policy fail: the crash ends the run here
+def _write(run: Run, found: Verdict, worker: str, retries: int, using: str) -> None:
+    """Perform on the locked ``run`` the writes that ``found`` names, and nothing else."""
+    writes = found.writes
+    fields: dict[str, object] = {}
+    if Write.START in writes:
+        fields.update(worker=worker[:255], retries=retries, executions=F("executions") + 1)
+    if Write.REASON in writes:
+        fields["reason"] = found.reason
+    if Write.REOPEN in writes:
+        fields.update(error="", finished_at=None)
+    if Write.SUPPRESSED in writes:
+        fields["suppressed"] = F("suppressed") + 1
+    if Write.CLOSE in writes:
+        fields.update(
             status=Run.Status.FAILED, reason=Run.Reason.WORKER_LOST,
             finished_at=ClockTimestamp(), error=_REDELIVERED_NOT_RUN,
         )
-    elif (
-        redelivered
-        and run.reason == Run.Reason.WORKER_LOST
-        and _REDELIVERED_LATER not in run.error
-    ):
-        dropped["error"] = (run.error + _REDELIVERED_LATER)[:ERROR_LIMIT]
-    Run.objects.using(using).filter(pk=run.pk).update(**dropped)
-
-
-_NOT_PLANNED_YET = (
-    "its slot is past the task's latest run: the ledger is behind its messages (a failover lost "
-    "its tail?) until a replica plans the slot again"
-)
+    if Write.NOTE in writes and _REDELIVERED_LATER not in run.error:
+        fields["error"] = (run.error + _REDELIVERED_LATER)[:ERROR_LIMIT]
+    if Write.START in writes:
+        _start(run, fields, using, adopt=Write.ADOPT in writes)
+    elif fields:
+        Run.objects.using(using).filter(pk=run.pk).update(**fields)
 
 
 def _not_planned_yet(task_id: str, slot: Slot, using: str) -> bool:
@@ -259,34 +219,6 @@ _REDELIVERED_NOT_RUN = (
 )
 #: Added to the error of a run closed "worker lost" when its message is redelivered afterwards.
 _REDELIVERED_LATER = "; the broker redelivered its message afterwards and it was not run"
-
-
-def _execution_verdict(
-    run: Run, retries: int, redelivered: bool, exclusive: bool, worker_lost: str
-) -> str | None:
-    """Return why this delivery executes, or None to drop it (rule in ``begin_execution``)."""
-    if not exclusive:
-        return None
-    status = run.status
-    if status == Run.Status.PENDING:
-        return Run.Reason.ADOPTED
-    if status == Run.Status.DISPATCHED:
-        return Run.Reason.FIRST_DELIVERY
-    if status in (Run.Status.RUNNING, Run.Status.RETRYING) and retries > run.retries:
-        return Run.Reason.celery_retry(retries)
-    if status == Run.Status.RUNNING and retries == run.retries and redelivered:
-        return Run.Reason.REEXECUTED if worker_lost == TaskPolicy.WorkerLost.RECOVER else None
-    if status == Run.Status.FAILED and run.reason == Run.Reason.NOT_DELIVERED and not run.executions:
-        return Run.Reason.LATE_DELIVERY
-    return None
-
-
-def _suppressed_reason(run: Run, exclusive: bool) -> str:
-    if not exclusive:
-        return "running on a live worker"
-    if run.status in Run.FINAL_STATUSES:
-        return f"already {run.status}"
-    return f"duplicate of a {run.status} run (attempt {run.retries})"
 
 
 def record_finished(

@@ -40,7 +40,7 @@ def counters(run: Run) -> tuple[str, int, int, int]:
 
 def test_first_delivery_executes_and_a_duplicate_on_a_live_worker_is_suppressed(dispatched):
     first = begin(dispatched)
-    assert (first.execute, first.tracked, first.reason) == (True, True, "first delivery")
+    assert (first.outcome, first.reason) == (ledger.Outcome.EXECUTE, "first delivery")
     assert counters(dispatched) == (Run.Status.RUNNING, 0, 1, 0)
     assert dispatched.worker == "w1@host"
 
@@ -126,19 +126,38 @@ def test_celery_retries_execute_and_stale_attempts_do_not(dispatched):
     assert Run.objects.get(pk=dispatched.pk).dispatched_at < at < ledger.database_now()
 
 
+def test_a_redelivered_earlier_attempt_leaves_the_running_attempt_alone(dispatched):
+    """Attempt 0's message redelivered (its lock is free: that attempt is over) while attempt 1
+    runs: a duplicate, and the run stays running."""
+    begin(dispatched)
+    assert ledger.record_retry(dispatched.task_id, "Retry in 0s", retries=0)
+    assert begin(dispatched, retries=1).execute is True
+    stale = begin(dispatched, redelivered=True)
+    assert (stale.outcome, stale.reason) == (
+        ledger.Outcome.SUPPRESS, "duplicate of a running run (attempt 1)"
+    )
+    assert counters(dispatched) == (Run.Status.RUNNING, 1, 2, 1)
+
+
 def test_a_run_whose_claim_rolled_back_is_adopted_by_its_first_delivery(make_task):
     run = ledger.request_run(make_task(every=3600))  # pending: published, claim not committed
-    decision = begin(run)
-    assert decision.execute is True
+    adopted = begin(run)
+    assert (adopted.outcome, adopted.reason) == (
+        ledger.Outcome.EXECUTE,
+        "adopted by the worker: the publishing replica's claim did not commit",
+    )
     run.refresh_from_db()
     assert (run.status, run.executions) == (Run.Status.RUNNING, 1)
     assert run.dispatched_at == run.started_at
 
 
 def test_unknown_task_ids_execute_untracked_and_cancelled_runs_are_dropped(make_task):
-    assert ledger.begin_execution(
+    untracked = ledger.begin_execution(
         "not-a-run", "w", retries=0, redelivered=False, exclusive=True
-    ) == ledger.Execution(True, False, "no run has this task id")
+    )
+    assert (untracked.outcome, untracked.reason) == (
+        ledger.Outcome.UNTRACKED, "no run has this task id"
+    )
     run = ledger.request_run(make_task(every=3600))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.CANCELLED)
     assert (begin(run).execute, begin(run).reason) == (False, "already cancelled")
@@ -231,13 +250,19 @@ def test_a_message_ahead_of_the_ledger_waits_until_its_slot_is_planned_again(mak
     lost = run.scheduled_for + timedelta(seconds=60)  # the run of the next slot, lost
     lost_id = slots.task_id_for(task.pk, lost)
 
-    def deliver(task_id: str, slot: tuple[str, object]) -> ledger.Execution:
-        return ledger.begin_execution(
+    def deliver(task_id: str, slot: tuple[str, object]) -> tuple[ledger.Outcome, str]:
+        found = ledger.begin_execution(
             task_id, "w1@host", retries=0, redelivered=False, exclusive=True, slot=slot  # type: ignore[arg-type]
         )
+        return found.outcome, found.reason
 
-    decision = deliver(lost_id, (task.name, lost))
-    assert (decision.execute, decision.tracked, decision.requeue) == (False, False, True)
+    assert deliver(lost_id, (task.name, lost)) == (
+        ledger.Outcome.REQUEUE,
+        (
+            "its slot is past the task's latest run: the ledger is behind its messages (a "
+            "failover lost its tail?) until a replica plans the slot again"
+        ),
+    )
     headers = {"scheduling_run": 1, "periodic_task_name": task.name,
                "scheduled_for": lost.isoformat(), "retries": 0, "hostname": "w1@host"}
     request = SimpleNamespace(get=headers.get)
@@ -248,7 +273,7 @@ def test_a_message_ahead_of_the_ledger_waits_until_its_slot_is_planned_again(mak
 
     # Untracked as before: an id that is not the slot's scheduled run (a manual run), a slot the
     # ledger has passed (the row pruned), a task that no longer exists or is disabled.
-    untracked = ledger.Execution(True, False, "no run has this task id")
+    untracked = (ledger.Outcome.UNTRACKED, "no run has this task id")
     assert deliver("manual-run-id", (task.name, lost)) == untracked
     earlier = run.scheduled_for - timedelta(seconds=60)
     assert deliver(slots.task_id_for(task.pk, earlier), (task.name, earlier)) == untracked
@@ -257,7 +282,9 @@ def test_a_message_ahead_of_the_ledger_waits_until_its_slot_is_planned_again(mak
     # A replica plans the slot again (the claim of the run before it): the delivery runs.
     Run.objects.filter(pk=run.pk).update(status=Run.Status.SUCCEEDED)
     insert_pending([(task, lost)])
-    decision = deliver(lost_id, (task.name, lost))
-    assert (decision.execute, decision.tracked, decision.requeue) == (True, True, False)
+    assert deliver(lost_id, (task.name, lost)) == (
+        ledger.Outcome.EXECUTE,
+        "adopted by the worker: the publishing replica's claim did not commit",
+    )
     assert Run.objects.get(task_id=lost_id).executions == 1
     guard.liveness.close()
