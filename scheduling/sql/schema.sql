@@ -403,7 +403,9 @@ CREATE OR REPLACE TRIGGER scheduling_history_policy_delete
 -- deadline's close, the admin, raw SQL), the task's oldest buffered run (by slot) is pending
 -- again, due now (clock_timestamp()), its buffered_at kept: the next claim dispatches it, or
 -- buffers it again while another run of the task is unfinished. One run at a time, so
--- buffer_all's runs go in slot order. Nothing to do (one primary-key probe, one probe of the
+-- buffer_all's runs go in slot order; a released run that ends without a dispatch (the task
+-- paused, disabled or deleted meanwhile) releases the next one the same way, so none is left
+-- waiting for a run that never comes. Nothing to do (one primary-key probe, one probe of the
 -- partial index scheduling_run_waiting) unless the task's policy is one of the three or it has a
 -- buffered run. A claim may be buffering a run of the task at this instant, having read the
 -- finishing run as unfinished: the task's due pending runs are locked first, which waits for that
@@ -440,8 +442,9 @@ $$;
 
 CREATE OR REPLACE TRIGGER scheduling_release_buffered AFTER UPDATE OF status ON scheduling_run
     FOR EACH ROW
-    WHEN (OLD.status IN ({unfinished})
-          AND NEW.status NOT IN ({unfinished})
+    WHEN (((OLD.status IN ({unfinished}) AND NEW.status NOT IN ({unfinished}))
+           OR (OLD.status = {status.pending} AND OLD.buffered_at IS NOT NULL
+               AND NEW.status IN ({final})))
           AND NEW.periodic_task_id IS NOT NULL)
     EXECUTE FUNCTION scheduling_release_buffered();
 CREATE OR REPLACE TRIGGER scheduling_orphan_buffered BEFORE UPDATE OF periodic_task_id

@@ -155,3 +155,22 @@ def test_buffer_all_keeps_slot_order_behind_waiting_runs_when_nothing_is_busy(ma
         [(older.pk, "dispatched"), (newer.pk, "buffered")]
     )
     assert _state(newer) == (Run.Status.BUFFERED, "buffered: waited behind 1 earlier runs of this task")
+
+
+def test_buffer_all_runs_released_while_paused_are_skipped_one_after_another(make_task, recorder):
+    task = _task(make_task, TaskPolicy.Overlap.BUFFER_ALL)
+    busy = unfinished_run(task, Run.Status.RUNNING, guarded=True)
+    waiting = []
+    for _ in range(3):
+        waiting.append(make_due(task))
+        _claim(recorder)
+    assert [_state(r)[0] for r in waiting] == ["buffered"] * 3
+    ledger.pause(task, by="ops", why="maintenance")
+    assert ledger.record_finished(busy.task_id, Run.Status.SUCCEEDED)
+    for _ in range(3):  # each released run, skipped by the pause, releases the next
+        done = _claim(recorder)
+        assert [d.status for d in done] == [Run.Status.SKIPPED]
+    assert [_state(r) for r in waiting] == [(Run.Status.SKIPPED, "paused by ops: maintenance")] * 3
+    assert not Run.objects.filter(periodic_task=task, buffered_at__isnull=False,
+                                  status__in=["buffered", "pending"]).exists()
+    assert recorder.task_ids == []

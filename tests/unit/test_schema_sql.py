@@ -32,7 +32,7 @@ FROZEN = {
     "0007_history_pauses_no_bookkeeping.sql":
         "518097fca681a9792db121a64247c6781ccdaa48442b7cd97360d9ef9ffa4d86",
     "0008_overlap_replace_buffer_all.sql":
-        "65bdc8a7ddc87092c3efb8e5be1120a2c8d0facdbbccd0c9db82348d7520fbdc",
+        "bc1c66a818495111f177a590e153ab40c68b39e6f31d9767754f683cc9769984",
 }
 
 BLOCKS = [

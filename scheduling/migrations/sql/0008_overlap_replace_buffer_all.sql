@@ -32,8 +32,9 @@ $$;
 
 CREATE OR REPLACE TRIGGER scheduling_release_buffered AFTER UPDATE OF status ON scheduling_run
     FOR EACH ROW
-    WHEN (OLD.status IN ('dispatched', 'running', 'retrying')
-          AND NEW.status NOT IN ('dispatched', 'running', 'retrying')
+    WHEN (((OLD.status IN ('dispatched', 'running', 'retrying') AND NEW.status NOT IN ('dispatched', 'running', 'retrying'))
+           OR (OLD.status = 'pending' AND OLD.buffered_at IS NOT NULL
+               AND NEW.status IN ('succeeded', 'failed', 'missed', 'skipped', 'cancelled', 'expired')))
           AND NEW.periodic_task_id IS NOT NULL)
     EXECUTE FUNCTION scheduling_release_buffered();
 CREATE OR REPLACE TRIGGER scheduling_orphan_buffered BEFORE UPDATE OF periodic_task_id
