@@ -105,9 +105,10 @@ class Conf:
         "A run dispatched later than this after its slot is a misfire (coalesced)."
     ))
     overlap_stale_seconds = Setting(3600.0, float, (
-        "Overlap policies skip and buffer_one: an unfinished run dispatched longer ago than this "
-        "(seconds) no longer blocks the next one (a lost worker cannot block a task forever). "
-        "Per task: TaskPolicy.overlap_stale_seconds."
+        "Overlap policies skip, buffer_one, buffer_all and replace: an unfinished run dispatched "
+        "longer ago than this (seconds) no longer holds the next one back (a lost worker cannot "
+        "block a task forever; replace neither waits for it nor terminates it). Per task: "
+        "TaskPolicy.overlap_stale_seconds."
     ))
     worker_lost_after = Setting(60.0, float, (
         "Seconds a running run's execution lock must stay free (its worker died) before the "

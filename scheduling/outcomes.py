@@ -33,13 +33,15 @@ OUTCOMES = (
     Outcome("failed", "failed", (Run.Status.FAILED,), "#c62828"),
     Outcome("expired", "expired", (Run.Status.EXPIRED,), "#7b3fa0"),
     Outcome("missed", "missed", (Run.Status.MISSED,), "#e08a00", "#1b1b1b"),
+    #: Overlap policy skip, a full buffer, a pause, and a run overlap policy replace ended before
+    #: it started (a started run it terminates is failed).
     Outcome("skipped", "skipped", (Run.Status.SKIPPED,), "#5c6f82"),
     Outcome("cancelled", "cancelled", (Run.Status.CANCELLED,), "#a7afb7", "#1b1b1b"),
     Outcome(
         "running", "running",
         (Run.Status.DISPATCHED, Run.Status.RUNNING, Run.Status.RETRYING), "#1f6fb8",
     ),
-    #: Waiting for its task's unfinished run (overlap policy buffer_one).
+    #: Waiting for its task's unfinished run (overlap policies buffer_one, buffer_all, replace).
     Outcome("buffered", "buffered", (Run.Status.BUFFERED,), "#4aa3a0", "#0b2a2a"),
     Outcome("pending", "pending", (Run.Status.PENDING,), "#8cc4f0", "#0b2a44"),
 )

@@ -31,7 +31,7 @@ from django_celery_beat.models import CrontabSchedule, PeriodicTask
 from scheduling.clock import database_now
 from scheduling.durations import seconds
 from scheduling.exceptions import ScheduleError
-from scheduling.models import Pause, Run
+from scheduling.models import Pause, Run, TaskPolicy
 from scheduling.timeformat import utc_text
 from scheduling.upcoming import UpcomingRun, upcoming_runs
 
@@ -65,7 +65,8 @@ class TaskStatus:
     schedule gives none (a ScheduleError's text), else "". ``paused``: the task's open pause,
     None when it is not paused; a paused task has no upcoming slot (resuming plans the first slot
     after the resume). ``buffered``: its runs waiting for an unfinished run of the task (overlap
-    policy buffer_one: 0 or 1).
+    policies buffer_one: 0 or 1; buffer_all: up to its ``buffer_limit``; replace: 0 or 1).
+    ``overlap``: its overlap policy in words with its parameter (``describe_overlap``).
     """
 
     name: str
@@ -79,6 +80,7 @@ class TaskStatus:
     upcoming_error: str = ""
     paused: Paused | None = None
     buffered: int = 0
+    overlap: str = "allow"
 
 
 def with_status(tasks: QuerySet[PeriodicTask]) -> QuerySet[PeriodicTask]:
@@ -134,7 +136,9 @@ def task_statuses(upcoming: int = 0) -> list[TaskStatus]:
 
     One query for every task (``with_status``).
     """
-    tasks = with_status(PeriodicTask.objects.all()).order_by("name")
+    tasks = (
+        with_status(PeriodicTask.objects.all()).select_related("scheduling_policy").order_by("name")
+    )
     now = database_now()
     statuses = []
     for task in tasks:
@@ -149,6 +153,7 @@ def task_statuses(upcoming: int = 0) -> list[TaskStatus]:
             lateness=seconds(task.lateness),
             paused=paused,
             buffered=task.buffered,
+            overlap=describe_overlap(getattr(task, "scheduling_policy", None)),
             **_upcoming(task, now, 0 if paused else upcoming),
         ))
     return statuses
@@ -161,6 +166,21 @@ def _upcoming(task: PeriodicTask, now: datetime, count: int) -> dict[str, Any]:
         return {"upcoming": tuple(upcoming_runs(task, now, count))}
     except (ScheduleError, LookupError) as exc:  # LookupError: a crontab zone zoneinfo lacks
         return {"upcoming_error": str(exc)}
+
+
+def describe_overlap(policy: TaskPolicy | None) -> str:
+    """Return a task's overlap policy in words with its parameter: "allow", "skip", "buffer
+    one", "buffer all (limit 100)" (its ``buffer_limit``, runs), "replace (finish)" or "replace
+    (terminate)" (its ``replace_started``). ``policy`` None (no scheduling policy row): "allow".
+    A value this release does not know is shown as stored."""
+    if policy is None:
+        return "allow"
+    kind = policy.overlap_policy
+    if kind == TaskPolicy.Overlap.BUFFER_ALL:
+        return f"buffer all (limit {policy.buffer_limit})"
+    if kind == TaskPolicy.Overlap.REPLACE:
+        return f"replace ({policy.replace_started})"
+    return str(kind).replace("_", " ")
 
 
 def describe_schedule(task: PeriodicTask) -> str:

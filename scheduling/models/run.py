@@ -129,8 +129,8 @@ class Run(models.Model):
 
         @staticmethod
         def buffered(since: datetime | None) -> str:
-            """A run that waited (overlap policy buffer_one) for the run dispatched at ``since``
-            (None: dispatched earlier in the same claim)."""
+            """A run that waited (overlap policies buffer_one, buffer_all, replace) for the run
+            dispatched at ``since`` (aware UTC; None: dispatched earlier in the same claim)."""
             behind = "a run dispatched in the same batch" if since is None else (
                 f"the run dispatched at {since.isoformat()}"
             )
@@ -138,7 +138,8 @@ class Run(models.Model):
 
         @staticmethod
         def buffer_full(since: datetime | None) -> str:
-            """A run skipped because a run of its task already waits behind the busy one."""
+            """A run skipped because a run of its task already waits behind the busy one
+            (overlap policy buffer_one)."""
             busy = "a run dispatched in the same batch" if since is None else (
                 f"the run dispatched at {since.isoformat()}"
             )

@@ -303,3 +303,45 @@ def test_the_task_list_shows_state_next_run_and_last_outcome_in_one_query(staff,
     assert "by alice: reason 0" in paused
     assert '<td class="field-display_next_run">-</td>' in paused
     assert "succeeded</span> <span class=\"quiet\">2026-01-05 10:00:00 UTC</span>" in paused
+
+
+def test_the_task_page_shows_the_overlap_parameters_right_after_the_overlap_policy(
+    staff, make_task
+):
+    """The scheduling policy inline: buffer all's ``buffer_limit`` and replace's
+    ``replace_started`` follow ``overlap_policy`` with their values and help texts, and the
+    inline still offers every field of the policy, each once."""
+    from scheduling.admin.periodic_tasks import TaskPolicyInline
+    from scheduling.models import TaskPolicy
+
+    task = make_task(every=60, name="replaced hourly")
+    TaskPolicy.objects.create(
+        periodic_task=task, overlap_policy=TaskPolicy.Overlap.REPLACE, buffer_limit=7,
+        replace_started=TaskPolicy.ReplaceStarted.TERMINATE,
+    )
+    page = reverse("admin:django_celery_beat_periodictask_change", args=[task.pk])
+    html = staff.get(page).content.decode()
+    named = re.findall(r'name="scheduling_policy-0-(\w+)"', html)
+    fields = [name for name in named if name not in ("periodic_task", "DELETE")]
+    assert fields == list(TaskPolicyInline.fields)
+    start = fields.index("overlap_policy")
+    assert fields[start:start + 3] == ["overlap_policy", "buffer_limit", "replace_started"]
+    editable = {f.name for f in TaskPolicy._meta.get_fields() if getattr(f, "editable", False)}
+    assert sorted(TaskPolicyInline.fields) == sorted(editable - {"periodic_task"})
+    assert '<option value="replace" selected>' in html
+    assert '<option value="terminate" selected>' in html
+    assert re.search(r'name="scheduling_policy-0-buffer_limit" value="7"', html)
+    helps = re.findall(
+        r'<div class="help" id="id_scheduling_policy-0-(\w+)_helptext">\s*<div>([^<]*)</div>', html
+    )
+    start = [field for field, _ in helps].index("buffer_limit")
+    assert helps[start:start + 2] == [
+        ("buffer_limit", (
+            "Overlap buffer all: most runs waiting at once. A slot due while this many wait is "
+            "recorded skipped (buffer full)."
+        )),
+        ("replace_started", (
+            "Overlap replace, when the unfinished run has already started: let it finish (its "
+            "outcome kept) or revoke it with terminate; the new slot runs once it has ended."
+        )),
+    ]

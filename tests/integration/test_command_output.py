@@ -24,7 +24,7 @@ import pytest
 from django.conf import settings
 
 from scheduling import ledger
-from scheduling.models import Run
+from scheduling.models import Run, TaskPolicy
 from tests.acceptance.deployment import test_database_url as database_url
 from tests.conftest import utc
 
@@ -172,3 +172,30 @@ def test_status_on_a_terminal_fits_its_width(make_task):
     assert 60 < max(len(line) for line in narrow) <= 72  # wrapped to the terminal's width
     # On a wide terminal and piped, the table at its natural width: no row wrapped.
     assert max(len(line) for line in wide) == max(len(line) for line in piped) > 72
+
+
+def test_status_plain_names_each_tasks_overlap_policy_last(make_task):
+    """Piped ``--format plain``: the header line, then each task's Buffered and Overlap cells,
+    the overlap policy with its parameter; nothing on stderr."""
+    make_task(every=60, name="a: allow")
+    TaskPolicy.objects.create(
+        periodic_task=make_task(every=60, name="b: buffer all"),
+        overlap_policy=TaskPolicy.Overlap.BUFFER_ALL,
+    )
+    TaskPolicy.objects.create(
+        periodic_task=make_task(every=60, name="c: replace"),
+        overlap_policy=TaskPolicy.Overlap.REPLACE,
+        replace_started=TaskPolicy.ReplaceStarted.TERMINATE,
+    )
+    done = _manage("scheduling_status", "--format", "plain")
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = [line.split("\t") for line in done.stdout.splitlines()]
+    assert lines[0] == [
+        "Task", "Schedule", "Enabled", "Paused", "Next run", "Last run", "Outcome", "Lateness",
+        "Buffered", "Overlap",
+    ]
+    assert [(line[0], *line[-2:]) for line in lines[1:]] == [
+        ("a: allow", "0", "allow"),
+        ("b: buffer all", "0", "buffer all (limit 100)"),
+        ("c: replace", "0", "replace (terminate)"),
+    ]

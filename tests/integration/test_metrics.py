@@ -7,9 +7,9 @@ import uuid
 import pytest
 from prometheus_client import REGISTRY
 
-from scheduling import metrics
+from scheduling import ledger, metrics
 from scheduling.models import Run, TaskPolicy
-from tests.integration.conftest import claim, late_task
+from tests.integration.conftest import GRACE, claim, late_task, make_due, unfinished_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("metrics_served")]
 
@@ -83,3 +83,48 @@ def test_nothing_is_recorded_where_nothing_can_read_it(make_task, recorder, sett
     labels = {"task": task.name, "replica": replica, "trigger": "schedule"}
     assert REGISTRY.get_sample_value("scheduling_runs_dispatched_total", labels) is None
     assert REGISTRY.get_sample_value("scheduling_claim_seconds_count", {"replica": replica}) is None
+
+
+@pytest.mark.parametrize(
+    ("started", "replaced", "revoked"),
+    [
+        # the dispatched run skipped; the running one left to finish
+        (TaskPolicy.ReplaceStarted.FINISH, 1, 0),
+        # the dispatched run skipped; the running one revoked with terminate after the commit
+        (TaskPolicy.ReplaceStarted.TERMINATE, 2, 1),
+    ],
+)
+def test_replaced_runs_are_the_claims_dispatched_replaced(
+    make_task, recorder, started, replaced, revoked
+):
+    """``scheduling_runs_replaced_total`` adds each claimed run's ``Dispatched.replaced``: under
+    overlap policy replace, the task's runs not started (skipped) and, with terminate, its
+    started runs (revoked); the new run waits behind the started one (buffered)."""
+    task = make_task(every=3600)
+    TaskPolicy.objects.create(
+        periodic_task=task, overlap_policy=TaskPolicy.Overlap.REPLACE, replace_started=started
+    )
+    waiting = unfinished_run(task, Run.Status.DISPATCHED, 10.0, trigger=Run.Trigger.MANUAL)
+    running = unfinished_run(task, Run.Status.RUNNING, 5.0, trigger=Run.Trigger.MANUAL,
+                             guarded=True)
+    due = make_due(task)
+    replica = f"replica-{uuid.uuid4().hex[:6]}"
+    sent_revokes: list[list[str]] = []
+    result = ledger.claim_and_dispatch(
+        recorder, replica_id=replica, batch_size=100, grace=GRACE, revoke=sent_revokes.append
+    )
+    metrics.observe_claim(result, replica, 0.004)
+
+    assert [(d.run_id, d.status, d.replaced) for d in result] == [
+        (due.pk, Run.Status.BUFFERED, replaced)
+    ]
+    labels = {"task": task.name, "replica": replica}
+    assert _value("scheduling_runs_replaced_total", **labels) == replaced
+    assert _value("scheduling_runs_buffered_total", **labels) == 1
+    assert _value("scheduling_runs_skipped_total", **labels) == 0  # the ended run is no claim's
+    assert sent_revokes == ([[running.task_id]] if revoked else [])
+    waiting.refresh_from_db()
+    assert (waiting.status, waiting.reason) == (
+        Run.Status.SKIPPED, f"replaced by the run of {due.scheduled_for.isoformat()}"
+    )
+    assert recorder.messages == []

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django_celery_beat.models import SolarSchedule
 
 from scheduling import ledger
-from scheduling.models import Run
+from scheduling.models import Run, TaskPolicy
 from tests.conftest import utc
 from tests.integration.conftest import GRACE
 
@@ -46,28 +46,38 @@ def seeded(make_task):
          trigger=Run.Trigger.BACKFILL)
     # Waiting behind the dispatched run (overlap policy buffer_one): counted, not the last run.
     _run(weekly, Run.Status.BUFFERED, SLOT - timedelta(days=21), buffered_at=SLOT)
+    _policy(weekly, TaskPolicy.Overlap.BUFFER_ONE)
 
     clocked = make_task(clocked=SLOT, name="c: one-off", enabled=False)
     _run(clocked, Run.Status.MISSED, SLOT)
+    _policy(clocked, TaskPolicy.Overlap.SKIP)
 
-    make_task(every=1, period="minutes", name="d: never ran", one_off=True)
+    never = make_task(every=1, period="minutes", name="d: never ran", one_off=True)
+    _policy(never, TaskPolicy.Overlap.BUFFER_ALL, buffer_limit=7)
     solar = SolarSchedule.objects.create(event="sunrise", latitude=51.5, longitude=-0.12)
-    make_task(name="e: solar", solar=solar)
+    _policy(make_task(name="e: solar", solar=solar), TaskPolicy.Overlap.REPLACE,
+            replace_started=TaskPolicy.ReplaceStarted.TERMINATE)
+
+
+def _policy(task, overlap: str, **fields) -> TaskPolicy:
+    return TaskPolicy.objects.create(periodic_task=task, overlap_policy=overlap, **fields)
 
 
 EXPECTED = [
     ("a: every 5 s", "every 5 seconds", "yes", "-", "2026-01-05 10:00:10 UTC",
-     "2026-01-05 10:00:05 UTC", "succeeded", "0.013 s", "0"),
+     "2026-01-05 10:00:05 UTC", "succeeded", "0.013 s", "0", "allow"),
     ("b: weekly", "At 09:00, only on Monday (Europe/Berlin)", "yes", "-", "-",
-     "2026-01-05 10:00:00 UTC", "failed", "1.500 s", "1"),
+     "2026-01-05 10:00:00 UTC", "failed", "1.500 s", "1", "buffer one"),
     ("c: one-off", "once at 2026-01-05 10:00:00 UTC", "no", "-", "-", "2026-01-05 10:00:00 UTC",
-     "missed", "-", "0"),
-    ("d: never ran", "every minute, once", "yes", "-", "-", "-", "-", "-", "0"),
-    ("e: solar", "Sunrise at 51.5, -0.12", "yes", "-", "-", "-", "-", "-", "0"),
+     "missed", "-", "0", "skip"),
+    ("d: never ran", "every minute, once", "yes", "-", "-", "-", "-", "-", "0",
+     "buffer all (limit 7)"),
+    ("e: solar", "Sunrise at 51.5, -0.12", "yes", "-", "-", "-", "-", "-", "0",
+     "replace (terminate)"),
 ]
 HEADER = (
     "Task", "Schedule", "Enabled", "Paused", "Next run", "Last run", "Outcome", "Lateness",
-    "Buffered",
+    "Buffered", "Overlap",
 )
 
 
@@ -94,15 +104,47 @@ def test_status_json(seeded):
         "last_status": "succeeded",
         "lateness_seconds": 0.0125,
         "buffered": 0,
+        "overlap": "allow",
     }
     assert [
-        (r["name"], r["last_status"], r["lateness_seconds"], r["buffered"]) for r in rows[1:]
+        (r["name"], r["last_status"], r["lateness_seconds"], r["buffered"], r["overlap"])
+        for r in rows[1:]
     ] == [
-        ("b: weekly", "failed", 1.5, 1),
-        ("c: one-off", "missed", None, 0),
-        ("d: never ran", None, None, 0),
-        ("e: solar", None, None, 0),
+        ("b: weekly", "failed", 1.5, 1, "buffer one"),
+        ("c: one-off", "missed", None, 0, "skip"),
+        ("d: never ran", None, None, 0, "buffer all (limit 7)"),
+        ("e: solar", None, None, 0, "replace (terminate)"),
     ]
+
+
+def test_status_names_each_overlap_policy_with_its_parameter(make_task):
+    """Every overlap policy in every format: the defaults of buffer all's limit (100) and of
+    replace's started choice (finish) shown, and a task without a policy row as allow."""
+    make_task(every=60, name="a: no policy row")
+    for name, overlap, fields in (
+        ("b: allow", TaskPolicy.Overlap.ALLOW, {}),
+        ("c: skip", TaskPolicy.Overlap.SKIP, {}),
+        ("d: buffer one", TaskPolicy.Overlap.BUFFER_ONE, {}),
+        ("e: buffer all", TaskPolicy.Overlap.BUFFER_ALL, {}),
+        ("f: buffer all 3", TaskPolicy.Overlap.BUFFER_ALL, {"buffer_limit": 3}),
+        ("g: replace", TaskPolicy.Overlap.REPLACE, {}),
+        ("h: replace terminate", TaskPolicy.Overlap.REPLACE,
+         {"replace_started": TaskPolicy.ReplaceStarted.TERMINATE}),
+    ):
+        _policy(make_task(every=60, name=name), overlap, **fields)
+    expected = [
+        ("a: no policy row", "allow"), ("b: allow", "allow"), ("c: skip", "skip"),
+        ("d: buffer one", "buffer one"), ("e: buffer all", "buffer all (limit 100)"),
+        ("f: buffer all 3", "buffer all (limit 3)"), ("g: replace", "replace (finish)"),
+        ("h: replace terminate", "replace (terminate)"),
+    ]
+    plain = [line.split("\t") for line in _status("--format", "plain").splitlines()]
+    assert [(line[0], line[HEADER.index("Overlap")]) for line in plain[1:]] == expected
+    rows = json.loads(_status("--format", "json"))
+    assert [(row["name"], row["overlap"]) for row in rows] == expected
+    table = _status().splitlines()
+    assert [next(line for line in table if name in line).split("│")[-2].strip()
+            for name, _ in expected] == [overlap for _, overlap in expected]
 
 
 def test_status_table_shows_every_cell(seeded):

@@ -15,7 +15,7 @@ from scheduling.timeformat import utc_text
 
 HEADERS = (
     "Task", "Schedule", "Enabled", "Paused", "Next run", "Last run", "Outcome", "Lateness",
-    "Buffered",
+    "Buffered", "Overlap",
 )
 UPCOMING_HEADER = "Upcoming"
 
@@ -23,7 +23,8 @@ UPCOMING_HEADER = "Upcoming"
 def cells(row: TaskStatus, upcoming: bool = False, separator: str = "\n") -> tuple[str, ...]:
     """The row's cells as text, in the order of HEADERS (then UPCOMING_HEADER if ``upcoming``).
 
-    "Paused" is "since <UTC time> by <who>: <why>" or "-". The upcoming slots are
+    "Paused" is "since <UTC time> by <who>: <why>" or "-"; "Overlap" the policy in words with
+    its parameter (``overview.describe_overlap``: "buffer all (limit 100)"). The upcoming slots are
     ``UpcomingRun.describe()`` lines joined by ``separator``; "-" for none, the schedule's error
     when it gives none, "none while paused" for a paused task.
     """
@@ -38,6 +39,7 @@ def cells(row: TaskStatus, upcoming: bool = False, separator: str = "\n") -> tup
         row.last_status or "-",
         "-" if row.lateness is None else f"{row.lateness:.3f} s",
         str(row.buffered),
+        row.overlap,
     )
     if not upcoming:
         return main
@@ -51,11 +53,13 @@ class Command(BaseCommand):
     help = (
         "Show every periodic task: its schedule in words, whether it is enabled, whether it is "
         "paused (since when, by whom, why), its next run (the ledger's pending run; none while "
-        "paused), its last run's slot and outcome, and the lateness of its "
-        "last dispatched scheduled run, and its runs buffered behind an unfinished one (overlap "
-        "policy buffer one); with --upcoming N, its next N slots (UTC, and in the "
-        "task's own time zone). Times are UTC. On a terminal the table fits its width; piped, "
-        "rows are not wrapped and lines carry no trailing spaces."
+        "paused), its last run's slot and outcome, the lateness of its last dispatched "
+        "scheduled run, how many of its runs are buffered behind an unfinished one (the overlap "
+        "policies that wait: buffer one, buffer all and replace), and its overlap policy with its "
+        "parameter (allow, skip, buffer one, buffer all (limit N), replace (finish), replace "
+        "(terminate)); with --upcoming N, its next N slots (UTC, and in the task's own time zone). "
+        "Times are UTC. On a terminal the table fits its width; piped, rows are not wrapped and "
+        "lines carry no trailing spaces."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -115,6 +119,7 @@ def _json(row: TaskStatus, upcoming: bool) -> dict[str, object]:
         "last_status": row.last_status,
         "lateness_seconds": row.lateness,
         "buffered": row.buffered,
+        "overlap": row.overlap,
     }
     if upcoming:
         shown["upcoming"] = [run.as_json() for run in row.upcoming]
