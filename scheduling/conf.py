@@ -105,7 +105,7 @@ class Conf:
         "A run dispatched later than this after its slot is a misfire (coalesced)."
     ))
     overlap_stale_seconds = Setting(3600.0, float, (
-        "Overlap policies skip, buffer_one, buffer_all and replace: an unfinished run dispatched "
+        "Every overlap policy but allow: an unfinished run dispatched "
         "longer ago than this (seconds) no longer holds the next one back (a lost worker cannot "
         "block a task forever; replace neither waits for it nor terminates it). Per task: "
         "TaskPolicy.overlap_stale_seconds."

@@ -12,8 +12,8 @@ for the guard, ``worker`` (the Celery worker's node name):
   their grace period: ``missed`` (recorded missed), ``coalesced`` (the slots a coalesced run
   stands for), ``caught_up`` (dispatched late, one by one, under catch up);
 - ``scheduling_runs_skipped_total{task, replica}``: runs recorded skipped by the overlap policy;
-- ``scheduling_runs_buffered_total{task, replica}``: runs recorded buffered by overlap policy
-  buffer_one, buffer_all or replace (each waits for its task's unfinished run, and counts again
+- ``scheduling_runs_buffered_total{task, replica}``: runs recorded buffered by an overlap
+  policy that buffers (``TaskPolicy.BUFFERING``; each waits for its task's unfinished run, and counts again
   if buffered again);
 - ``scheduling_runs_replaced_total{task, replica}``: unfinished runs ended by overlap policy
   replace for a newer slot (not started: skipped; started: revoked with terminate);
@@ -94,8 +94,7 @@ RUNS_SKIPPED = Counter(
 )
 RUNS_BUFFERED = Counter(
     "scheduling_runs_buffered",
-    "Runs recorded buffered behind their task's unfinished run (overlap policies buffer_one, "
-    "buffer_all, replace).",
+    "Runs recorded buffered behind their task's unfinished run (an overlap policy that waits).",
     ["task", "replica"],
 )
 RUNS_REPLACED = Counter(

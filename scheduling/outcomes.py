@@ -41,7 +41,7 @@ OUTCOMES = (
         "running", "running",
         (Run.Status.DISPATCHED, Run.Status.RUNNING, Run.Status.RETRYING), "#1f6fb8",
     ),
-    #: Waiting for its task's unfinished run (overlap policies buffer_one, buffer_all, replace).
+    #: Waiting for its task's unfinished run (an overlap policy that waits).
     Outcome("buffered", "buffered", (Run.Status.BUFFERED,), "#4aa3a0", "#0b2a2a"),
     Outcome("pending", "pending", (Run.Status.PENDING,), "#8cc4f0", "#0b2a44"),
 )

@@ -171,16 +171,14 @@ def _upcoming(task: PeriodicTask, now: datetime, count: int) -> dict[str, Any]:
 def describe_overlap(policy: TaskPolicy | None) -> str:
     """Return a task's overlap policy in words with its parameter: "allow", "skip", "buffer
     one", "buffer all (limit 100)" (its ``buffer_limit``, runs), "replace (finish)" or "replace
-    (terminate)" (its ``replace_started``). ``policy`` None (no scheduling policy row): "allow".
+    (terminate)" (its ``replace_started``: ``TaskPolicy.OVERLAP_DETAIL``). ``policy`` None (no scheduling policy row): "allow".
     A value this release does not know is shown as stored."""
     if policy is None:
         return "allow"
     kind = policy.overlap_policy
-    if kind == TaskPolicy.Overlap.BUFFER_ALL:
-        return f"buffer all (limit {policy.buffer_limit})"
-    if kind == TaskPolicy.Overlap.REPLACE:
-        return f"replace ({policy.replace_started})"
-    return str(kind).replace("_", " ")
+    words = str(kind).replace("_", " ")
+    detail = TaskPolicy.OVERLAP_DETAIL.get(kind)
+    return words if detail is None else f"{words} ({detail.format_map(vars(policy))})"
 
 
 def describe_schedule(task: PeriodicTask) -> str:

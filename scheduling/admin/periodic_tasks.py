@@ -60,23 +60,14 @@ admin.site.unregister(PeriodicTask)
 
 
 class TaskPolicyInline(admin.StackedInline):
-    """Misfire and overlap policy of one periodic task (defaults when absent).
-
-    The fields in the model's order, but for the parameters of overlap policies buffer all
-    (``buffer_limit``) and replace (``replace_started``), right after the overlap policy.
-    """
+    """Misfire and overlap policy of one periodic task (defaults when absent), its fields in the
+    model's order (an overlap policy's parameters right after it)."""
 
     model = TaskPolicy
     can_delete = False
     max_num = 1
     extra = 0
     verbose_name = "scheduling policy"
-    fields = (
-        "misfire_policy", "misfire_grace_seconds", "catch_up_limit",
-        "overlap_policy", "buffer_limit", "replace_started", "overlap_stale_seconds",
-        "worker_lost_policy", "delivery_timeout_seconds", "jitter_seconds",
-        "success_deadline_seconds",
-    )
 
 
 class PeriodicTaskForm(BasePeriodicTaskForm):

@@ -8,7 +8,7 @@ Each claimed run is decided by ``decision.decide`` (pure: load error, deleted or
 expiry, pause, misfire policy, overlap policy) and the decision is applied in one place
 (``_Batch.apply``): publish, close, record missed, skipped or buffered, then plan the next slot.
 
-The overlap policies that wait (buffer_one, buffer_all, replace) are ``decision.decide``'s; the
+The overlap policies that wait (``TaskPolicy.BUFFERING``) are ``decision.decide``'s; the
 claim records a buffered run (``buffered_at``: now) and, under replace, ends the task's
 unfinished runs (``replace``) and revokes a started one after its commit when the policy says
 terminate.
@@ -256,17 +256,16 @@ class _Batch:
         policy = task.scheduling_policy
         terminate = policy.replace_started == TaskPolicy.ReplaceStarted.TERMINATE
         ended, started = replace_unfinished(
-            task.pk, self.claimed_ids, reason, terminate, self.using
+            task.pk, self.claimed_ids, reason, terminate=terminate,
+            stale=stale_bound(policy, self.default_stale), using=self.using,
         )
-        bound = stale_bound(policy, self.default_stale)
-        live = [(task_id, at) for task_id, at in started if at is None or now - at <= bound]
-        run.replaced = ended + (earlier is not None) + (len(live) if terminate else 0)
-        if not live:
+        run.replaced = ended + (earlier is not None) + (len(started) if terminate else 0)
+        if not started:
             self.dispatch(run, now)
             return
         if terminate:
-            self.terminate.extend(task_id for task_id, _ in live)
-        self.buffer(run, Run.Reason.buffered(live[0][1]), now)
+            self.terminate.extend(task_id for task_id, _ in started)
+        self.buffer(run, Run.Reason.buffered(started[0][1]), now)
 
     def dispatch(self, run: ClaimedRun, now: datetime) -> None:
         """Publish the run (failed when its message is rejected) and mark it dispatched."""

@@ -136,7 +136,7 @@ class ClaimedRun:
     ``buffered_at`` (set: a buffered run, or one released to pending again). ``db_now`` is the
     database clock at the claim; ``busy_since`` the newest dispatch of an unfinished run of the
     same task (read for the overlap policies other than allow); ``waiting`` how many other runs
-    of the task wait, buffered or released (buffer_one, buffer_all and replace; None otherwise);
+    of the task wait, buffered or released (the policies of ``TaskPolicy.BUFFERING``; None otherwise);
     ``pause_id`` the task's
     open pause (``Pause``), None when it is not paused, and ``pause`` that row, loaded by the
     claim for the paused runs only. ``periodic_task`` is None when the task was deleted. The

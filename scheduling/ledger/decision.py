@@ -43,7 +43,7 @@ class Kind(enum.StrEnum):
     MISS = "miss"
     #: Overlap policy skip, or a paused task: recorded ``skipped``.
     SKIP = "skip"
-    #: Overlap policy buffer_one, buffer_all or replace: recorded ``buffered``, dispatched when
+    #: An overlap policy that waits (``TaskPolicy.BUFFERING``): recorded ``buffered``, dispatched when
     #: the busy run ends.
     BUFFER = "buffer"
     #: Overlap policy replace: the task's unfinished runs are ended, then the run is dispatched

@@ -181,11 +181,6 @@ def one_off_misfire(
     return MisfireDecision(MisfireDecision.MISSED, Run.Reason.missed(kind, lateness, grace), None)
 
 
-#: The overlap policies under which an unfinished run keeps the next one from dispatching at once.
-_WAITING = (
-    TaskPolicy.Overlap.SKIP, TaskPolicy.Overlap.BUFFER_ONE, TaskPolicy.Overlap.BUFFER_ALL,
-    TaskPolicy.Overlap.REPLACE,
-)
 
 
 def overlap(
@@ -200,9 +195,9 @@ def overlap(
 ) -> str:
     """Return why a run is skipped under its task's overlap policy, or "" to dispatch it.
 
-    The overlap policies other than allow (``TaskPolicy``) apply to scheduled and backfill runs,
-    not manual ones (under buffer_one, buffer_all and replace the reason means "busy", and
-    ``decision.decide`` says what follows): a run is skipped while an earlier run of its
+    The overlap policies that hold a run back (``TaskPolicy.HOLDING``) apply to scheduled and
+    backfill runs, not manual ones (under those of ``TaskPolicy.BUFFERING`` the reason means
+    "busy", and ``decision.decide`` says what follows): a run is skipped while an earlier run of its
     task was dispatched in the same batch (``in_batch``), or is dispatched, running or retrying
     since ``busy_since`` (the newest such dispatch, aware UTC) less than the staleness bound ago
     (``overlap_stale_seconds``, else ``default_stale`` seconds: a lost worker cannot block the
@@ -212,7 +207,7 @@ def overlap(
     if task is None or trigger == Run.Trigger.MANUAL:
         return ""
     policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
-    if policy is None or policy.overlap_policy not in _WAITING:
+    if policy is None or policy.overlap_policy not in TaskPolicy.HOLDING:
         return ""
     if in_batch:
         return Run.Reason.OVERLAP_IN_BATCH

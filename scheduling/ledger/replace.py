@@ -7,7 +7,7 @@ Rules: docs/lifecycle.md, "Overlap policies that wait".
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.db import connections
 
@@ -15,19 +15,29 @@ from scheduling.sql import queries
 
 
 def replace_unfinished(
-    task: int, claimed: list[int], reason: str, terminate: bool, using: str = "default"
+    task: int,
+    claimed: list[int],
+    reason: str,
+    *,
+    terminate: bool,
+    stale: timedelta,
+    using: str = "default",
 ) -> tuple[int, list[tuple[str, datetime | None]]]:
     """End the unfinished runs of periodic task ``task`` (its id) for a newer slot.
 
     The runs not started yet (dispatched, buffered, or released and pending again), other than
     this claim's own (``claimed``, run ids), are skipped with ``reason``: a delivery of one is
     dropped by the worker guard; returns how many, and then, read by a second statement that
-    sees a start committed meanwhile, the started ones (running, retrying) as (Celery task id, dispatched_at:
+    sees a start committed meanwhile, the started ones (running, retrying) dispatched less than
+    ``stale`` ago (older ones are taken for lost: ``policy.stale_bound``) as (Celery task id, dispatched_at:
     aware UTC or None), newest dispatch first; with ``terminate`` each gets ``reason`` (the
     caller revokes them after its commit and their outcome keeps it). Must run inside the
     claim's transaction; database errors propagate (the claim rolls back).
     """
-    params = {"task": task, "claimed": claimed, "reason": reason, "terminate": terminate}
+    params = {
+        "task": task, "claimed": claimed, "reason": reason, "terminate": terminate,
+        "stale": stale,
+    }
     with connections[using].cursor() as cursor:
         cursor.execute(queries["replace_not_started"], params)
         (ended,) = cursor.fetchone()

@@ -42,7 +42,7 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='run',
             name='buffered_at',
-            field=models.DateTimeField(blank=True, help_text="When the run was held back because the task's previous run had not finished (overlap policies buffer one, buffer all and replace; UTC). Kept after the run was sent.", null=True),
+            field=models.DateTimeField(blank=True, help_text="When the run was held back because the task's previous run had not finished (an overlap policy that waits; UTC). Kept after the run was sent.", null=True),
         ),
         migrations.AlterField(
             model_name='taskpolicy',
@@ -52,7 +52,7 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='taskpolicy',
             name='overlap_stale_seconds',
-            field=models.PositiveIntegerField(blank=True, help_text='An unfinished run dispatched longer ago than this no longer holds a new slot back (overlap skip, buffer one, buffer all, replace). Empty: the global setting.', null=True),
+            field=models.PositiveIntegerField(blank=True, help_text='An unfinished run dispatched longer ago than this no longer holds a new slot back (every overlap policy but allow). Empty: the global setting.', null=True),
         ),
         migrations.AddIndex(
             model_name='run',

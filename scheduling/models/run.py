@@ -37,9 +37,9 @@ class Run(models.Model):
 
     Lifecycle: pending -> dispatched -> running -> succeeded | failed (retrying in between for
     Celery retries); dispatched -> expired (the message's ``expires`` passed before a worker took
-    it); pending -> missed | skipped | cancelled; under overlap policies buffer_one, buffer_all
-    and replace, pending -> buffered (due while its task was busy) -> pending again when the
-    busy run ends (the task's oldest buffered run; ``buffered_at`` kept: schema.sql's block
+    it); pending -> missed | skipped | cancelled; under the overlap policies that wait
+    (``TaskPolicy.BUFFERING``), pending -> buffered (due while its task was busy) -> pending
+    again when the busy run ends (the task's oldest buffered run; ``buffered_at`` kept: schema.sql's block
     ``release_buffered``) -> dispatched as above; under replace a run not started when a newer
     slot comes is skipped (``Reason.replaced``). The
     name of the periodic task and its Celery task are copied onto the row so the audit survives
@@ -129,7 +129,7 @@ class Run(models.Model):
 
         @staticmethod
         def buffered(since: datetime | None) -> str:
-            """A run that waited (overlap policies buffer_one, buffer_all, replace) for the run
+            """A run that waited (an overlap policy of ``TaskPolicy.BUFFERING``) for the run
             dispatched at ``since`` (aware UTC; None: dispatched earlier in the same claim)."""
             behind = "a run dispatched in the same batch" if since is None else (
                 f"the run dispatched at {since.isoformat()}"
@@ -263,8 +263,7 @@ class Run(models.Model):
         null=True,
         blank=True,
         help_text="When the run was held back because the task's previous run had not finished "
-        "(overlap policies buffer one, buffer all and replace; UTC). Kept after the run was "
-        "sent.",
+        "(an overlap policy that waits; UTC). Kept after the run was sent.",
     )
     overdue_at = models.DateTimeField(
         null=True,
@@ -319,7 +318,7 @@ class Run(models.Model):
                 condition=Q(status="pending"),
                 name="scheduling_run_pending_due",
             ),
-            # A task's waiting runs (overlap policies buffer_one, buffer_all, replace): buffered,
+            # A task's waiting runs (the overlap policies of TaskPolicy.BUFFERING): buffered,
             # or released and pending again, in slot order: the claim's count of them and the
             # release of the oldest (schema.sql, block release_buffered).
             models.Index(

@@ -43,6 +43,15 @@ class TaskPolicy(models.Model):
         FINISH = "finish", "finish: the started run finishes, then the new slot runs"
         TERMINATE = "terminate", "terminate: revoke the started run (SIGTERM), then run the new slot"
 
+    #: The overlap policies under which a task's unfinished run holds a new slot back (the
+    #: claim reads whether the task is busy): every one but allow.
+    HOLDING = (Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL, Overlap.REPLACE)
+    #: Those under which a held-back run waits, recorded buffered: the claim counts a task's
+    #: waiting runs, and the database releases them (schema.sql, block release_buffered).
+    BUFFERING = (Overlap.BUFFER_ONE, Overlap.BUFFER_ALL, Overlap.REPLACE)
+    #: An overlap policy's parameter in words, from the policy's fields ("buffer all (limit 100)").
+    OVERLAP_DETAIL = {Overlap.BUFFER_ALL: "limit {buffer_limit}", Overlap.REPLACE: "{replace_started}"}
+
     class WorkerLost(models.TextChoices):
         FAIL = "fail", "fail: close the run as worker lost"
         RECOVER = "recover", "recover: run it again (the task is safe to re-run after a crash)"
@@ -65,12 +74,6 @@ class TaskPolicy(models.Model):
         default=100, help_text="Most missed slots run one by one under catch up."
     )
     overlap_policy = models.CharField(max_length=16, choices=Overlap.choices, default=Overlap.ALLOW)
-    overlap_stale_seconds = models.PositiveIntegerField(
-        null=True,
-        blank=True,
-        help_text="An unfinished run dispatched longer ago than this no longer holds a new slot "
-        "back (overlap skip, buffer one, buffer all, replace). Empty: the global setting.",
-    )
     buffer_limit = models.PositiveIntegerField(
         default=100,
         help_text="Overlap buffer all: most runs waiting at once. A slot due while this many wait "
@@ -82,6 +85,12 @@ class TaskPolicy(models.Model):
         default=ReplaceStarted.FINISH,
         help_text="Overlap replace, when the unfinished run has already started: let it finish "
         "(its outcome kept) or revoke it with terminate; the new slot runs once it has ended.",
+    )
+    overlap_stale_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="An unfinished run dispatched longer ago than this no longer holds a new slot "
+        "back (every overlap policy but allow). Empty: the global setting.",
     )
 
     worker_lost_policy = models.CharField(

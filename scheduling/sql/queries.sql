@@ -63,9 +63,9 @@ SELECT clock_timestamp(),
 -- (a stable bound: an index condition, invariant 5). With each run, the columns the claim reads
 -- (ledger.claim_rows reads a row by column name: the aliases are the attributes of ClaimedRun and ClaimedTask):
 -- the run's, the database clock, busy_since (the newest dispatch of an unfinished run of the
--- task, for the overlap policies other than allow: the partial index
+-- task, for the overlap policies that hold a run back: the partial index
 -- scheduling_run_unfinished), waiting (how many other runs of the task wait: buffered, or
--- released and pending again; for buffer_one, buffer_all and replace: the partial index
+-- released and pending again; for the policies that buffer: the partial index
 -- scheduling_run_waiting), pause_id (the
 -- task's open pause: the partial unique constraint scheduling_pause_one_open_per_task), then its
 -- periodic task, schedule, policy and definition version (NULL when there is none). Statuses
@@ -74,15 +74,13 @@ SELECT clock_timestamp(),
 SELECT r.id, r.periodic_task_id, r.periodic_task_name, r.trigger, r.scheduled_for, r.due_at,
        r.task_id, r.reason, r.slots, r.claimed_by, r.dispatched_at, r.error, r.finished_at,
        r.buffered_at, clock_timestamp() AS db_now,
-       CASE WHEN p.overlap_policy IN ({overlap.skip}, {overlap.buffer_one}, {overlap.buffer_all},
-                                      {overlap.replace}) THEN
+       CASE WHEN p.overlap_policy IN ({holding}) THEN
            (SELECT u.dispatched_at FROM {run} u
             WHERE u.periodic_task_id = r.periodic_task_id
               AND u.status IN ({unfinished})
             ORDER BY u.dispatched_at DESC NULLS LAST LIMIT 1)
        END AS busy_since,
-       CASE WHEN p.overlap_policy IN ({overlap.buffer_one}, {overlap.buffer_all},
-                                      {overlap.replace}) THEN
+       CASE WHEN p.overlap_policy IN ({buffering}) THEN
            (SELECT count(*) FROM {run} b
             WHERE b.periodic_task_id = r.periodic_task_id AND b.id <> r.id
               AND b.buffered_at IS NOT NULL AND b.status IN ({status.buffered}, {status.pending}))
@@ -131,10 +129,13 @@ SELECT count(*) FROM ended
 
 -- replace_started --
 -- Then, in a statement of its own (its snapshot sees a start committed meanwhile): the runs of
--- task %(task)s that have started (running, retrying), as (task id, dispatched_at); when %(terminate)s each gets reason %(reason)s (the replica revokes them
--- after its commit, and the outcome keeps the reason).
+-- task %(task)s that have started (running, retrying) and were dispatched less than %(stale)s
+-- (an interval: the staleness bound) ago, as (task id, dispatched_at); when %(terminate)s each
+-- gets reason %(reason)s (the replica revokes them after its commit, and the outcome keeps the
+-- reason). An older one is taken for lost: neither waited for nor terminated.
 UPDATE {run} r SET reason = CASE WHEN %(terminate)s THEN %(reason)s ELSE r.reason END
 WHERE r.periodic_task_id = %(task)s AND r.status IN ({status.running}, {status.retrying})
+  AND (r.dispatched_at IS NULL OR r.dispatched_at >= clock_timestamp() - %(stale)s)
 RETURNING r.task_id, r.dispatched_at
 
 -- database_now --

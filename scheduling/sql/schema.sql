@@ -397,8 +397,8 @@ CREATE OR REPLACE TRIGGER scheduling_history_policy_delete
     FOR EACH STATEMENT EXECUTE FUNCTION scheduling_record_history('policy', 'periodic_task_id');
 
 -- release_buffered --
--- Overlap policies buffer_one, buffer_all and replace (docs/lifecycle.md, "Overlap policies that
--- wait"): when a run of a task leaves the unfinished statuses (dispatched, running, retrying) for
+-- The overlap policies that buffer (TaskPolicy.BUFFERING; docs/lifecycle.md, "Overlap policies
+-- that wait"): when a run of a task leaves the unfinished statuses (dispatched, running, retrying) for
 -- any other, by whatever path (the worker's outcome, the lost-worker sweep, the delivery
 -- deadline's close, the admin, raw SQL), the task's oldest buffered run (by slot) is pending
 -- again, due now (clock_timestamp()), its buffered_at kept: the next claim dispatches it, or
@@ -406,7 +406,7 @@ CREATE OR REPLACE TRIGGER scheduling_history_policy_delete
 -- buffer_all's runs go in slot order; a released run that ends without a dispatch (the task
 -- paused, disabled or deleted meanwhile) releases the next one the same way, so none is left
 -- waiting for a run that never comes. Nothing to do (one primary-key probe, one probe of the
--- partial index scheduling_run_waiting) unless the task's policy is one of the three or it has a
+-- partial index scheduling_run_waiting) unless the task's policy is one of them or it has a
 -- buffered run. A claim may be buffering a run of the task at this instant, having read the
 -- finishing run as unfinished: the task's due pending runs are locked first, which waits for that
 -- claim's commit (a claim holds its runs for its transaction, milliseconds), so the buffered run
@@ -421,8 +421,7 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM scheduling_taskpolicy
                    WHERE periodic_task_id = NEW.periodic_task_id
-                     AND overlap_policy IN ({overlap.buffer_one}, {overlap.buffer_all},
-                                            {overlap.replace}))
+                     AND overlap_policy IN ({buffering}))
        AND NOT EXISTS (SELECT 1 FROM scheduling_run
                        WHERE periodic_task_id = NEW.periodic_task_id AND status = {status.buffered}) THEN
         RETURN NULL;

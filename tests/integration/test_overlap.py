@@ -28,7 +28,7 @@ def _skip_task(make_task, stale: int | None = None):
 @pytest.mark.parametrize(
     "status", [Run.Status.DISPATCHED, Run.Status.RUNNING, Run.Status.RETRYING]
 )
-def test_skip_records_skipped_while_the_previous_run_isunfinished_run(make_task, recorder, status):
+def test_skip_records_skipped_while_the_previous_run_is_unfinished(make_task, recorder, status):
     task = _skip_task(make_task)
     previous = unfinished_run(task, status)
     run = make_due(task)

@@ -32,7 +32,7 @@ FROZEN = {
     "0007_history_pauses_no_bookkeeping.sql":
         "518097fca681a9792db121a64247c6781ccdaa48442b7cd97360d9ef9ffa4d86",
     "0008_overlap_replace_buffer_all.sql":
-        "bc1c66a818495111f177a590e153ab40c68b39e6f31d9767754f683cc9769984",
+        "2c9a8c1f1c324a91f514ffe8fae1bf2ca906f98aad903287078c5f016aaae54a",
 }
 
 BLOCKS = [

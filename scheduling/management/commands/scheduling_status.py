@@ -54,10 +54,9 @@ class Command(BaseCommand):
         "Show every periodic task: its schedule in words, whether it is enabled, whether it is "
         "paused (since when, by whom, why), its next run (the ledger's pending run; none while "
         "paused), its last run's slot and outcome, the lateness of its last dispatched "
-        "scheduled run, how many of its runs are buffered behind an unfinished one (the overlap "
-        "policies that wait: buffer one, buffer all and replace), and its overlap policy with its "
-        "parameter (allow, skip, buffer one, buffer all (limit N), replace (finish), replace "
-        "(terminate)); with --upcoming N, its next N slots (UTC, and in the task's own time zone). "
+        "scheduled run, how many of its runs are buffered behind an unfinished one (an overlap "
+        "policy that waits), and its overlap policy with its parameter (\"buffer all (limit "
+        "100)\", \"replace (finish)\"); with --upcoming N, its next N slots (UTC, and in the task's own time zone). "
         "Times are UTC. On a terminal the table fits its width; piped, rows are not wrapped and "
         "lines carry no trailing spaces."
     )

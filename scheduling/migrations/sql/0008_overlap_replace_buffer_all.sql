@@ -11,8 +11,7 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM scheduling_taskpolicy
                    WHERE periodic_task_id = NEW.periodic_task_id
-                     AND overlap_policy IN ('buffer_one', 'buffer_all',
-                                            'replace'))
+                     AND overlap_policy IN ('buffer_one', 'buffer_all', 'replace'))
        AND NOT EXISTS (SELECT 1 FROM scheduling_run
                        WHERE periodic_task_id = NEW.periodic_task_id AND status = 'buffered') THEN
         RETURN NULL;
