@@ -28,6 +28,17 @@ ALTER TABLE scheduling_run
         FOREIGN KEY (periodic_task_id) REFERENCES django_celery_beat_periodictask (id)
         ON DELETE SET NULL DEFERRABLE INITIALLY DEFERRED;
 
+-- pause_run_set_null --
+-- A pause's link to the skipped run that records its slots (Pause.run) is ON DELETE SET NULL in
+-- the database itself, as run_periodic_task_set_null above: the prune deletes runs in SQL,
+-- where Django's SET_NULL does not run, and a pause of a pruned run keeps its own audit (who,
+-- when, why). The constraint keeps the name and deferral Django gives it.
+ALTER TABLE scheduling_pause
+    DROP CONSTRAINT scheduling_pause_run_id_db20df94_fk_scheduling_run_id,
+    ADD CONSTRAINT scheduling_pause_run_id_db20df94_fk_scheduling_run_id
+        FOREIGN KEY (run_id) REFERENCES scheduling_run (id)
+        ON DELETE SET NULL DEFERRABLE INITIALLY DEFERRED;
+
 -- execution_lock_key --
 -- The execution-lock key of a run's attempt, one function both sides call: the worker guard
 -- takes pg_try_advisory_lock(scheduling_execution_lock_key(task_id, retries)) while a delivery

@@ -115,6 +115,23 @@ def test_prune_deletes_exactly_the_old_finished_runs_beyond_the_last_n_and_dry_r
     assert _prune("--older-than", "30d", "--keep-last", "3") == ({}, "deleted 0 runs")
 
 
+def test_prune_deletes_a_pauses_skipped_run_and_keeps_the_pause(make_task):
+    task = make_task(every=3600)
+    pause = ledger.pause(task, by="ops", why="maintenance")
+    run = Run.objects.create(
+        periodic_task=task, periodic_task_name=task.name, task=task.task, task_id="paused-run",
+        scheduled_for=ledger.database_now() - timedelta(days=40), status=Run.Status.SKIPPED,
+        finished_at=ledger.database_now() - timedelta(days=40),
+    )
+    pause.__class__.objects.filter(pk=pause.pk).update(run=run)
+    ledger.resume(task, by="ops")  # completes the run's row: its slots, finished now
+    Run.objects.filter(pk=run.pk).update(finished_at=ledger.database_now() - timedelta(days=40))
+    assert _prune("--older-than", "30d") == ({"skipped": 1}, "deleted 1 runs")
+    pause.refresh_from_db()
+    assert (pause.run_id, pause.paused_by, pause.why) == (None, "ops", "maintenance")
+    assert not Run.objects.filter(pk=run.pk).exists()
+
+
 def test_prune_without_keep_last_and_in_hours(make_task):
     runs = _seed(make_task)
     deleted = _expected_deleted(runs, timedelta(hours=240), keep_last=0)

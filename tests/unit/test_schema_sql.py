@@ -33,10 +33,13 @@ FROZEN = {
         "518097fca681a9792db121a64247c6781ccdaa48442b7cd97360d9ef9ffa4d86",
     "0008_overlap_replace_buffer_all.sql":
         "2c9a8c1f1c324a91f514ffe8fae1bf2ca906f98aad903287078c5f016aaae54a",
+    "0009_pause_run_set_null.sql":
+        "3f84de99d9e7c9dea9d6104784e7d9cc4d36449821e6817d8c2a9db0b7baadd5",
 }
 
 BLOCKS = [
-    "run_periodic_task_set_null", "execution_lock_key", "guard_execution", "run_due_at",
+    "run_periodic_task_set_null", "pause_run_set_null", "execution_lock_key", "guard_execution",
+    "run_due_at",
     "date_changed_not_ahead", "change_log", "history", "release_buffered",
 ]
 
@@ -49,9 +52,14 @@ def test_every_statement_can_run_again():
     """A later migration runs a changed block on a database that has it (docs/development.md)."""
     text = SCHEMA_FILE.read_text()
     assert re.findall(r"^CREATE (?!OR REPLACE )\w+", text, re.MULTILINE) == []
-    assert re.findall(r"^(?:ALTER|DROP) .*", text, re.MULTILINE) == ["ALTER TABLE scheduling_run"]
-    assert "    DROP CONSTRAINT scheduling_run_periodic_task_id_9d64afac_fk_django_ce,\n" \
-        "    ADD CONSTRAINT scheduling_run_periodic_task_id_9d64afac_fk_django_ce\n" in text
+    assert re.findall(r"^(?:ALTER|DROP) .*", text, re.MULTILINE) == [
+        "ALTER TABLE scheduling_run", "ALTER TABLE scheduling_pause"
+    ]
+    for constraint in (
+        "scheduling_run_periodic_task_id_9d64afac_fk_django_ce",
+        "scheduling_pause_run_id_db20df94_fk_scheduling_run_id",
+    ):
+        assert f"    DROP CONSTRAINT {constraint},\n    ADD CONSTRAINT {constraint}\n" in text
 
 
 def test_the_migrations_sql_files_are_the_frozen_ones():
