@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import pytest
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
@@ -89,6 +89,33 @@ def _scheduled(task: PeriodicTask) -> list[Run]:
         .order_by("scheduled_for")
     )
     return list(runs)
+
+
+def _settle(deployment: Deployment, runs: QuerySet[Run]) -> None:
+    """Stop the replicas, then wait until the worker ran what was dispatched and dropped the
+    deliveries of the runs replaced after their message was out (a run released after the
+    replicas stopped stays pending)."""
+    deployment.stop("replica-1", "replica-2")
+    unsettled = runs.filter(
+        Q(status__in=UNFINISHED)
+        | Q(status=Run.Status.SKIPPED, dispatched_at__isnull=False, suppressed=0)
+    )
+    wait_until(lambda: not unsettled.exists(), timeout=60, interval=0.2)
+    time.sleep(0.5)
+
+
+def _observed(
+    deployment: Deployment, task: PeriodicTask, every: int
+) -> tuple[list[Run], dict[str, Run], list[Execution], set[str]]:
+    """The task's scheduled runs (consecutive slots), the same by task id, its executions by the
+    worker's log and their task ids (each a run of those slots)."""
+    scheduled = _scheduled(task)
+    _consecutive(scheduled, every)
+    ledger = {r.task_id: r for r in scheduled}
+    executions = _executions(deployment, task.name)
+    executed = {e.task_id for e in executions}
+    assert executed <= set(ledger), "executed, not a scheduled slot of the task"
+    return scheduled, ledger, executions, executed
 
 
 def _consecutive(runs: list[Run], every: int) -> None:
@@ -180,12 +207,7 @@ def test_buffer_all_runs_every_slot_once_in_slot_order_one_at_a_time_up_to_the_l
     time.sleep(0.5)
 
     for limit, task in tasks.items():
-        scheduled = _scheduled(task)
-        _consecutive(scheduled, every)
-        ledger = {r.task_id: r for r in scheduled}
-        executions = _executions(deployment, task.name)
-        executed = {e.task_id for e in executions}
-        assert executed <= set(ledger), "executed, not a scheduled slot of the task"
+        _, ledger, executions, executed = _observed(deployment, task, every)
         assert all(e.end is not None for e in executions), "an execution never ended"
         _one_at_a_time([(e.start, e.end, e.task_id) for e in executions])
         _in_slot_order(executions, ledger)
@@ -234,22 +256,8 @@ def test_replace_finish_skips_the_runs_not_started_and_lets_the_started_one_fini
         return len(ended) >= 3 and runs.filter(status=Run.Status.SKIPPED).count() >= 2
 
     wait_until(loaded, timeout=120, interval=0.2)
-    deployment.stop("replica-1", "replica-2")
-    # The worker runs what was dispatched and drops the deliveries of the runs replaced after
-    # their message was out; a run released after the replicas stopped stays pending.
-    unsettled = runs.filter(
-        Q(status__in=UNFINISHED)
-        | Q(status=Run.Status.SKIPPED, dispatched_at__isnull=False, suppressed=0)
-    )
-    wait_until(lambda: not unsettled.exists(), timeout=60, interval=0.2)
-    time.sleep(0.5)
-
-    scheduled = _scheduled(task)
-    _consecutive(scheduled, every)
-    ledger = {r.task_id: r for r in scheduled}
-    executions = _executions(deployment, task.name)
-    executed = {e.task_id for e in executions}
-    assert executed <= set(ledger)
+    _settle(deployment, runs)
+    scheduled, ledger, executions, executed = _observed(deployment, task, every)
     assert all(e.end is not None for e in executions), "a started run did not finish"
     _one_at_a_time([(e.start, e.end, e.task_id) for e in executions])
     _in_slot_order(executions, ledger)
@@ -290,21 +298,8 @@ def test_replace_terminate_revokes_the_started_run_and_runs_the_new_one_after_it
     terminated = runs.filter(status=Run.Status.FAILED, error=TERMINATED)
 
     wait_until(lambda: terminated.count() >= 2, timeout=120, interval=0.2)
-    deployment.stop("replica-1", "replica-2")
-    # The last run started, or dispatched, finishes; nothing terminates it any more.
-    unsettled = runs.filter(
-        Q(status__in=UNFINISHED)
-        | Q(status=Run.Status.SKIPPED, dispatched_at__isnull=False, suppressed=0)
-    )
-    wait_until(lambda: not unsettled.exists(), timeout=60, interval=0.2)
-    time.sleep(0.5)
-
-    scheduled = _scheduled(task)
-    _consecutive(scheduled, every)
-    ledger = {r.task_id: r for r in scheduled}
-    executions = _executions(deployment, task.name)
-    executed = {e.task_id for e in executions}
-    assert executed <= set(ledger)
+    _settle(deployment, runs)  # the last run started, or dispatched, finishes
+    scheduled, ledger, executions, executed = _observed(deployment, task, every)
     # the executions counted from the worker's log are the ledger's
     for run in ledger.values():
         assert run.executions == (run.task_id in executed), (run.task_id, run.executions)
