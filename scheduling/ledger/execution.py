@@ -287,10 +287,14 @@ def record_not_executed(task_id: str, status: str, reason: str, error: str = "",
     say): a duplicate message dropped while the run executes elsewhere leaves it alone.
     """
     waiting = (Run.Status.PENDING, Run.Status.DISPATCHED, Run.Status.RETRYING)
+    kept = Case(  # a run overlap policy replace revoked says so
+        When(reason__startswith=Run.Reason.REPLACED, then=F("reason")),
+        default=Value(reason), output_field=TextField(),
+    )
     return bool(
         Run.objects.using(using)
         .filter(task_id=task_id, status__in=waiting)
         .update(
-            status=status, reason=reason, error=error[:ERROR_LIMIT], finished_at=ClockTimestamp()
+            status=status, reason=kept, error=error[:ERROR_LIMIT], finished_at=ClockTimestamp()
         )
     )

@@ -103,6 +103,8 @@ class Run(models.Model):
         REVOKED = "revoked"
         UNKNOWN_TASK = "unknown task on the worker"
         REJECTED_BY_WORKER = "rejected by the worker"
+        #: The start of ``replaced``'s text.
+        REPLACED = "replaced by the run of"
 
         @staticmethod
         def coalesced(slots: int) -> str:
@@ -161,7 +163,7 @@ class Run(models.Model):
         def replaced(slot: datetime) -> str:
             """A run ended by overlap policy replace: the run of ``slot`` (aware UTC) replaced
             it (never started: skipped; started and terminated: failed, revoked)."""
-            return f"replaced by the run of {slot.isoformat()}"
+            return f"{Run.Reason.REPLACED} {slot.isoformat()}"
 
         @staticmethod
         def republished(times: int, limit: int, timeout: timedelta) -> str:

@@ -174,3 +174,20 @@ def test_buffer_all_runs_released_while_paused_are_skipped_one_after_another(mak
     assert not Run.objects.filter(periodic_task=task, buffered_at__isnull=False,
                                   status__in=["buffered", "pending"]).exists()
     assert recorder.task_ids == []
+
+
+def test_a_retrying_run_replace_terminates_keeps_the_replaced_reason(make_task, recorder):
+    task = _task(
+        make_task, TaskPolicy.Overlap.REPLACE,
+        replace_started=TaskPolicy.ReplaceStarted.TERMINATE,
+    )
+    retrying = unfinished_run(task, Run.Status.RETRYING, guarded=True)
+    run = make_due(task)
+    revoked: list[list[str]] = []
+    _claim(recorder, revoked)
+    assert revoked == [[retrying.task_id]]
+    # The worker drops the revoked retry's message (task_revoked, not terminated).
+    assert ledger.record_not_executed(retrying.task_id, Run.Status.FAILED, Run.Reason.REVOKED)
+    reason = f"replaced by the run of {run.scheduled_for.isoformat()}"
+    assert _state(retrying) == (Run.Status.FAILED, reason)
+    assert [(d.run_id, d.status) for d in _claim(recorder)] == [(run.pk, "dispatched")]
