@@ -72,15 +72,21 @@ def test_replace_with_finish_waits_for_a_started_run_and_dispatches_after_its_ou
     assert recorder.task_ids == [run.task_id]
 
 
-def test_replace_with_terminate_revokes_the_started_run_after_the_commit(make_task, recorder):
+def _terminating(make_task, recorder, status: str):
+    """A replace task with terminate, a started run (``status``) and its next slot claimed:
+    (the started run, the new run, what the claim returned, the task ids it revoked)."""
     task = _task(
         make_task, TaskPolicy.Overlap.REPLACE,
         replace_started=TaskPolicy.ReplaceStarted.TERMINATE,
     )
-    started = unfinished_run(task, Run.Status.RUNNING, guarded=True)
+    started = unfinished_run(task, status, guarded=True)
     run = make_due(task)
     revoked: list[list[str]] = []
-    done = _claim(recorder, revoked)
+    return started, run, _claim(recorder, revoked), revoked
+
+
+def test_replace_with_terminate_revokes_the_started_run_after_the_commit(make_task, recorder):
+    started, run, done, revoked = _terminating(make_task, recorder, Run.Status.RUNNING)
     assert [(d.status, d.replaced) for d in done] == [(Run.Status.BUFFERED, 1)]
     assert revoked == [[started.task_id]]
     reason = f"replaced by the run of {run.scheduled_for.isoformat()}"
@@ -177,14 +183,7 @@ def test_buffer_all_runs_released_while_paused_are_skipped_one_after_another(mak
 
 
 def test_a_retrying_run_replace_terminates_keeps_the_replaced_reason(make_task, recorder):
-    task = _task(
-        make_task, TaskPolicy.Overlap.REPLACE,
-        replace_started=TaskPolicy.ReplaceStarted.TERMINATE,
-    )
-    retrying = unfinished_run(task, Run.Status.RETRYING, guarded=True)
-    run = make_due(task)
-    revoked: list[list[str]] = []
-    _claim(recorder, revoked)
+    retrying, run, _, revoked = _terminating(make_task, recorder, Run.Status.RETRYING)
     assert revoked == [[retrying.task_id]]
     # The worker drops the revoked retry's message (task_revoked, not terminated).
     assert ledger.record_not_executed(retrying.task_id, Run.Status.FAILED, Run.Reason.REVOKED)
