@@ -11,7 +11,7 @@ import pytest
 
 from project.management.commands.demo import retire_previous_tasks, run_logs
 from scheduling import ledger
-from scheduling.models import Run
+from scheduling.models import Run, TaskHistory
 
 STARTED = datetime(2026, 12, 7, 13, 43, 58, 993954, tzinfo=UTC)
 
@@ -49,3 +49,8 @@ def test_a_second_start_cancels_the_left_runs_without_printing_a_log_line(
         ("cancelled", "periodic task disabled"), ("cancelled", "periodic task disabled"),
     ]
     assert logging.getLogger("scheduling").level == logging.INFO
+    disabled = TaskHistory.objects.filter(after={"enabled": False})
+    assert sorted(disabled.values_list("periodic_task_name", "actor")) == [
+        ("demo: digest every 5 s", "the demo, at its start"),
+        ("demo: record every minute", "the demo, at its start"),
+    ]

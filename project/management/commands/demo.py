@@ -55,6 +55,7 @@ from project import embedded
 from scheduling import ledger
 from scheduling.conf import conf
 from scheduling.console import progress
+
 from scheduling.models import Run
 
 PREFIX = "demo: "
@@ -490,12 +491,18 @@ def run_logs(root: Path, started: datetime) -> Path:
     raise CommandError(f"cannot make a log folder for {name} in {root}")
 
 
+#: Who the edit history says made the demo's own edits of its tasks (at each start: the previous
+#: demo's tasks disabled, then set up and enabled again).
+ACTOR = "the demo, at its start"
+
+
 def retire_previous_tasks() -> int:
     """Before the replicas start: cancel the runs an earlier demo left pending (its tasks are
     disabled and the ledger reconciled), so a restart does not dispatch a stale, very late run,
     and delete its one-off (a one-off that ran once is over for good). Return how many runs
     were cancelled; the reconcile's own log line about them is kept out of the demo's output."""
-    PeriodicTask.objects.filter(name__startswith=PREFIX).update(enabled=False)
+    with ledger.acting(ACTOR):  # the edit history names the demo, not the SQL role
+        PeriodicTask.objects.filter(name__startswith=PREFIX).update(enabled=False)
     pending = Run.objects.filter(periodic_task_name__startswith=PREFIX, status=Run.Status.PENDING)
     retired = pending.count()
     quiet = logging.getLogger("scheduling")
@@ -547,9 +554,10 @@ def _example_tasks() -> list[str]:
         "kwargs": '{"label": "one-off"}',
     }
     for name, fields in specs.items():
-        task, _ = PeriodicTask.objects.get_or_create(name=name, defaults=fields)
-        for key, value in fields.items():
-            setattr(task, key, value)
-        task.enabled = True
-        task.save()  # moves date_changed (the interval's anchor) and tells the replicas
+        with ledger.acting(ACTOR):
+            task, _ = PeriodicTask.objects.get_or_create(name=name, defaults=fields)
+            for key, value in fields.items():
+                setattr(task, key, value)
+            task.enabled = True
+            task.save()  # moves date_changed (the interval's anchor) and tells the replicas
     return list(specs)
