@@ -107,7 +107,8 @@ class RunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="lateness")
     def display_lateness(self, run: Run) -> str:
-        return _seconds(run.lateness)
+        """The dispatch's lateness; "-" for a backfill (its slot is in the past by design)."""
+        return "-" if run.trigger == Run.Trigger.BACKFILL else _seconds(run.lateness)
 
     @admin.display(description="replica · worker", ordering="claimed_by")
     def display_replica(self, run: Run) -> str:

@@ -327,3 +327,21 @@ def test_backfill_keeps_the_form_when_a_task_fails_and_backfills_the_others(
         Run.objects.filter(trigger=Run.Trigger.BACKFILL).values_list("periodic_task", flat=True)
     ) == [good.pk] * 5
     assert PeriodicTask.objects.filter(pk=broken.pk).exists()
+
+
+def test_the_runs_list_shows_no_lateness_for_a_backfill(admin_client_, make_task, recorder):
+    from datetime import timedelta
+
+    from scheduling import ledger
+
+    now = ledger.database_now()
+    task = make_task(every=3600, name="hourly", start_time=now - timedelta(days=1))
+    ledger.backfill(task, now - timedelta(hours=3, minutes=30), now - timedelta(hours=2))
+    ledger.request_run(task)
+    claim(recorder)
+    body = admin_client_.get(reverse("admin:scheduling_run_changelist")).content.decode()
+    cells = re.findall(r'<td class="field-display_lateness">([^<]*)</td>', body)
+    runs = Run.objects.order_by("-scheduled_for", "-id")
+    expected = ["-" if r.trigger == "backfill" else f"{r.lateness.total_seconds():.3f} s" for r in runs]
+    assert sorted(r.trigger for r in runs) == ["backfill", "manual"]
+    assert cells == expected
