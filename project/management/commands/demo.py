@@ -176,6 +176,7 @@ class Command(BaseCommand):
         try:
             self.say(f"admin: http://127.0.0.1:{port}/admin/  login: admin / {password}")
             self.say(f"logs:  {self.logs}/ (earlier demos' logs: {self.logs.parent}/)")
+            self.say("Ctrl-C stops the demo (and --duration SECONDS stops it by itself)")
             self._watch(since, options["duration"], options["kill_replica"])
         except (KeyboardInterrupt, _Stop):
             self.say("stopping")
@@ -400,7 +401,9 @@ class Command(BaseCommand):
     # Teardown -----------------------------------------------------------------------------------
 
     def _stop_children(self) -> None:
-        """SIGTERM every child (warm shutdown), then SIGKILL what is left after STOP_TIMEOUT."""
+        """SIGTERM every child (warm shutdown), then SIGKILL what is left after STOP_TIMEOUT;
+        the closing line names those that were still running (not a replica killed before)."""
+        running = [c.name for c in self.children if c.process.poll() is None]
         for child in self.children:
             if child.process.poll() is None:
                 child.expected_exit = True
@@ -416,8 +419,8 @@ class Command(BaseCommand):
             # A worker's pool processes share its process group.
             _signal_group(child, signal.SIGKILL)
             child.log.close()
-        if self.children:
-            self.say("stopped " + ", ".join(c.name for c in self.children))
+        if running:
+            self.say("stopped " + ", ".join(running))
 
     def say(self, text: str, error: bool = False) -> None:
         """Print one line of the demo's output."""
