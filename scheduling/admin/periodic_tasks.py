@@ -74,7 +74,7 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
     """django-celery-beat's form, refusing at input what would only fail the task's runs later.
 
     ``args`` must be a JSON list and ``kwargs`` and ``headers`` JSON objects (the rule of
-    ``messages.load_json``, with the same error text a run would get), and the Celery task name
+    ``run_message.load_json``, with the same error text a run would get), and the Celery task name
     must be registered in this app (unless ``SCHEDULING_REJECT_UNKNOWN_TASKS`` is off).
     """
 

@@ -193,11 +193,11 @@ def overlap(
     now: datetime,
     default_stale: float,
 ) -> str:
-    """Return why a run is skipped under its task's overlap policy, or "" to dispatch it.
+    """Return why the task is busy for this run under its overlap policy, or "" when it is not.
 
-    The overlap policies that hold a run back (``TaskPolicy.HOLDING``) apply to scheduled and
-    backfill runs, not manual ones (under those of ``TaskPolicy.BUFFERING`` the reason means
-    "busy", and ``decision.decide`` says what follows): a run is skipped while an earlier run of its
+    The overlap policies that watch (``TaskPolicy.WATCHING``) apply to scheduled and backfill
+    runs, not manual ones; the text is the skip reason of overlap skip, and ``decision.decide``
+    says what the other policies do: the task is busy while an earlier run of its
     task was dispatched in the same batch (``in_batch``), or is dispatched, running or retrying
     since ``busy_since`` (the newest such dispatch, aware UTC) less than the staleness bound ago
     (``overlap_stale_seconds``, else ``default_stale`` seconds: a lost worker cannot block the
@@ -207,7 +207,7 @@ def overlap(
     if task is None or trigger == Run.Trigger.MANUAL:
         return ""
     policy: TaskPolicy | None = getattr(task, "scheduling_policy", None)
-    if policy is None or policy.overlap_policy not in TaskPolicy.HOLDING:
+    if policy is None or policy.overlap_policy not in TaskPolicy.WATCHING:
         return ""
     if in_batch:
         return Run.Reason.OVERLAP_IN_BATCH

@@ -43,10 +43,10 @@ class TaskPolicy(models.Model):
         FINISH = "finish", "finish: the started run finishes, then the new slot runs"
         TERMINATE = "terminate", "terminate: revoke the started run (SIGTERM), then run the new slot"
 
-    #: The overlap policies under which a task's unfinished run holds a new slot back (the
-    #: claim reads whether the task is busy): every one but allow.
-    HOLDING = (Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL, Overlap.REPLACE)
-    #: Those under which a held-back run waits, recorded buffered: the claim counts a task's
+    #: The overlap policies that watch for an unfinished run of the task (the claim reads whether
+    #: it is busy, and ``decision.decide`` says what follows): every one but allow.
+    WATCHING = (Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.BUFFER_ALL, Overlap.REPLACE)
+    #: Those under which a run may wait, recorded buffered: the claim counts a task's
     #: waiting runs, and the database releases them (schema.sql, block release_buffered).
     BUFFERING = (Overlap.BUFFER_ONE, Overlap.BUFFER_ALL, Overlap.REPLACE)
     #: An overlap policy's parameter in words, from the policy's fields ("buffer all (limit 100)").

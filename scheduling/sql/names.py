@@ -10,7 +10,7 @@ when the file is read:
   ``{worker_lost.recover}``: ``Run.Trigger`` and ``TaskPolicy``'s ``Overlap``, ``Misfire`` and
   ``WorkerLost``;
 - ``{unfinished}`` and ``{final}``: ``Run.UNFINISHED_STATUSES`` and ``Run.FINAL_STATUSES`` as a
-  list of literals, for ``IN (...)``; ``{holding}`` and ``{buffering}``: ``TaskPolicy.HOLDING``
+  list of literals, for ``IN (...)``; ``{watching}`` and ``{buffering}``: ``TaskPolicy.WATCHING``
   and ``TaskPolicy.BUFFERING``, the same way.
 
 The values stay literals in the statements, so a generic plan still proves a partial index's
@@ -25,7 +25,7 @@ from functools import cache
 #: A placeholder: ``{family.member}`` or ``{list}``.
 PLACEHOLDER = re.compile(
     r"\{(?:(status|reason|trigger|overlap|misfire|worker_lost)\.([a-z_]+)"
-    r"|(unfinished|final|holding|buffering))\}"
+    r"|(unfinished|final|watching|buffering))\}"
 )
 
 
@@ -56,7 +56,7 @@ def literals() -> dict[str, str]:
     )
     found["unfinished"] = ", ".join(literal(s) for s in Run.UNFINISHED_STATUSES)
     found["final"] = ", ".join(literal(s) for s in Run.FINAL_STATUSES)
-    found["holding"] = ", ".join(literal(p) for p in TaskPolicy.HOLDING)
+    found["watching"] = ", ".join(literal(p) for p in TaskPolicy.WATCHING)
     found["buffering"] = ", ".join(literal(p) for p in TaskPolicy.BUFFERING)
     return found
 

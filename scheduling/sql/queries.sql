@@ -74,7 +74,7 @@ SELECT clock_timestamp(),
 SELECT r.id, r.periodic_task_id, r.periodic_task_name, r.trigger, r.scheduled_for, r.due_at,
        r.task_id, r.reason, r.slots, r.claimed_by, r.dispatched_at, r.error, r.finished_at,
        r.buffered_at, clock_timestamp() AS db_now,
-       CASE WHEN p.overlap_policy IN ({holding}) THEN
+       CASE WHEN p.overlap_policy IN ({watching}) THEN
            (SELECT u.dispatched_at FROM {run} u
             WHERE u.periodic_task_id = r.periodic_task_id
               AND u.status IN ({unfinished})

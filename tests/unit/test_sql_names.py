@@ -51,11 +51,11 @@ def test_placeholders_are_filled_with_the_enums_values():
 
 
 def test_the_policy_lists_are_the_models():
-    assert fill("IN ({holding}) OR IN ({buffering})") == (
+    assert fill("IN ({watching}) OR IN ({buffering})") == (
         "IN ('skip', 'buffer_one', 'buffer_all', 'replace')"
         " OR IN ('buffer_one', 'buffer_all', 'replace')"
     )
-    assert [p for p in TaskPolicy.Overlap if p not in TaskPolicy.HOLDING] == ["allow"]
+    assert [p for p in TaskPolicy.Overlap if p not in TaskPolicy.WATCHING] == ["allow"]
 
 
 def test_every_member_has_a_placeholder_and_an_unknown_one_is_refused():
