@@ -421,8 +421,11 @@ CREATE OR REPLACE TRIGGER scheduling_history_policy_delete
 -- buffered run. A claim may be buffering a run of the task at this instant, having read the
 -- finishing run as unfinished: the task's due pending runs are locked first, which waits for that
 -- claim's commit (a claim holds its runs for its transaction, milliseconds), so the buffered run
--- it commits is seen by the UPDATE after (a new snapshot) and released; a claim that starts later
--- reads the run finished. BEFORE UPDATE OF periodic_task_id: a buffered run whose task is deleted
+-- it commits is seen by the UPDATE after (a new snapshot) and released; then its next scheduled
+-- run (pending, not due yet: the one pending row per task of scheduling_run_one_pending_per_task),
+-- so a claim cannot take it should it come due before this transaction commits (SKIP LOCKED:
+-- it is claimed after the commit, and reads the run finished); a claim that starts later reads
+-- the run finished. BEFORE UPDATE OF periodic_task_id: a buffered run whose task is deleted
 -- (ON DELETE SET NULL) is pending again, for the claim or the reconcile pass to cancel.
 CREATE OR REPLACE FUNCTION scheduling_release_buffered() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -440,6 +443,10 @@ BEGIN
     PERFORM 1 FROM scheduling_run
     WHERE periodic_task_id = NEW.periodic_task_id AND status = {status.pending}
       AND due_at <= clock_timestamp()
+    FOR UPDATE;
+    PERFORM 1 FROM scheduling_run
+    WHERE periodic_task_id = NEW.periodic_task_id AND trigger = {trigger.schedule}
+      AND status = {status.pending} AND buffered_at IS NULL
     FOR UPDATE;
     UPDATE scheduling_run SET status = {status.pending}, due_at = clock_timestamp()
     WHERE id = (SELECT id FROM scheduling_run

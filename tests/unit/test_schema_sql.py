@@ -35,6 +35,8 @@ FROZEN = {
         "2c9a8c1f1c324a91f514ffe8fae1bf2ca906f98aad903287078c5f016aaae54a",
     "0009_pause_run_set_null.sql":
         "3f84de99d9e7c9dea9d6104784e7d9cc4d36449821e6817d8c2a9db0b7baadd5",
+    "0010_release_locks_next_slot.sql":
+        "2144dd960572b1249b8c7354a5be1d5a830b2a6b237cae8a75d2c4d693d3fc69",
 }
 
 BLOCKS = [
