@@ -17,7 +17,7 @@ from tests.acceptance.test_overlap_policies import (
     UNFINISHED, _create, _in_slot_order, _kwargs, _observed, _one_at_a_time,
 )
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.acceptance, pytest.mark.once, pytest.mark.django_db(transaction=True)]
 
 
 def test_buffer_all_survives_replicas_killed_while_claiming(deployment: Deployment):
