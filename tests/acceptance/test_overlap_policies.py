@@ -5,7 +5,7 @@ What ran, and when, comes from the worker's own log (``project.tasks.record`` wi
 a start line per execution, and an end line per execution that finished, each with the database
 clock), checked against the ledger. Reasons and statuses are asserted exactly; what a slow machine
 changes (how many slots came, waited, were skipped) only as orders and counts. Waits are generous
-(``wait_until``); no duration is asserted.
+(``wait_until``); no duration is asserted. The last test kills replicas while they claim.
 """
 
 from __future__ import annotations
@@ -343,3 +343,44 @@ def test_replace_terminate_revokes_the_started_run_and_runs_the_new_one_after_it
     _replaced_not_started(deployment, scheduled, executed, every)
     left = [r for r in scheduled if r.task_id not in executed and r.status != Run.Status.SKIPPED]
     assert [(r.status, r.buffered_at is not None) for r in left] in ([], [("pending", True)])
+
+
+@pytest.mark.once
+def test_buffer_all_drains_with_replicas_killed_while_claiming(deployment: Deployment):
+    deployment.start_beat("replica-1")
+    deployment.start_beat("replica-2")
+    deployment.start_worker("worker-1", concurrency=2)
+    deployment.wait_ready()
+    task = _create("chaos", 1, 1.5, overlap_policy=TaskPolicy.Overlap.BUFFER_ALL, buffer_limit=5)
+    runs = Run.objects.filter(periodic_task=task)
+    end = time.monotonic() + 25
+    victim = 1
+    while time.monotonic() < end:
+        time.sleep(2.5)
+        name = f"replica-{victim}"
+        deployment.kill(name)
+        deployment.restart(name)
+        victim = 3 - victim
+    hourly, _ = IntervalSchedule.objects.get_or_create(every=1, period="hours")
+    with transaction.atomic():
+        task.interval, task.kwargs = hourly, _kwargs(task.name, 0.2)
+        task.save()
+    waiting = runs.filter(
+        Q(status__in=(Run.Status.BUFFERED, *UNFINISHED))
+        | Q(status=Run.Status.PENDING, buffered_at__isnull=False)
+        | Q(status=Run.Status.PENDING, due_at__lte=Now())
+    )
+    wait_until(lambda: not waiting.exists(), timeout=120, interval=0.2)
+    deployment.stop("replica-1", "replica-2")
+    time.sleep(0.5)
+    _, ledger, executions, executed = _observed(deployment, task, 1)
+    assert all(e.end is not None for e in executions)
+    _one_at_a_time([(e.start, e.end, e.task_id) for e in executions])
+    _in_slot_order(executions, ledger)
+    skipped = {i for i, r in ledger.items() if r.status == Run.Status.SKIPPED}
+    assert executed | skipped == set(ledger) and not executed & skipped, [
+        (r.scheduled_for, r.status, r.reason) for i, r in ledger.items()
+        if i not in executed | skipped
+    ]
+    for i in skipped:
+        assert ledger[i].reason == Run.Reason.buffer_limit(5), ledger[i].reason
