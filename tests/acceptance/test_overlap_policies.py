@@ -162,6 +162,24 @@ def _replaced_not_started(
     return skipped
 
 
+def _drain(deployment: Deployment, tasks: list[PeriodicTask], runs: QuerySet[Run]) -> None:
+    """Move ``tasks`` to an hourly schedule with a 0.2 s body, wait until none of ``runs``
+    waits, is unfinished or is due, then stop the replicas."""
+    hourly, _ = IntervalSchedule.objects.get_or_create(every=1, period="hours")
+    with transaction.atomic():
+        for task in tasks:
+            task.interval, task.kwargs = hourly, _kwargs(task.name, 0.2)
+            task.save()
+    waiting = runs.filter(
+        Q(status__in=(Run.Status.BUFFERED, *UNFINISHED))
+        | Q(status=Run.Status.PENDING, buffered_at__isnull=False)
+        | Q(status=Run.Status.PENDING, due_at__lte=Now())
+    )
+    wait_until(lambda: not waiting.exists(), timeout=120, interval=0.2)
+    deployment.stop("replica-1", "replica-2")
+    time.sleep(0.5)
+
+
 def _start(deployment: Deployment) -> None:
     deployment.start_beat("replica-1")
     deployment.start_beat("replica-2")
@@ -192,19 +210,7 @@ def test_buffer_all_runs_every_slot_once_in_slot_order_one_at_a_time_up_to_the_l
         return min(ended[t.name] for t in tasks.values()) >= 4 and capped.count() >= 2
 
     wait_until(loaded, timeout=120, interval=0.2)
-    hourly, _ = IntervalSchedule.objects.get_or_create(every=1, period="hours")
-    with transaction.atomic():
-        for task in tasks.values():
-            task.interval, task.kwargs = hourly, _kwargs(task.name, 0.2)
-            task.save()
-    waiting = runs.filter(
-        Q(status__in=(Run.Status.BUFFERED, *UNFINISHED))
-        | Q(status=Run.Status.PENDING, buffered_at__isnull=False)
-        | Q(status=Run.Status.PENDING, due_at__lte=Now())
-    )
-    wait_until(lambda: not waiting.exists(), timeout=120, interval=0.2)
-    deployment.stop("replica-1", "replica-2")
-    time.sleep(0.5)
+    _drain(deployment, list(tasks.values()), runs)
 
     for limit, task in tasks.items():
         _, ledger, executions, executed = _observed(deployment, task, every)
@@ -361,18 +367,7 @@ def test_buffer_all_drains_with_replicas_killed_while_claiming(deployment: Deplo
         deployment.kill(name)
         deployment.restart(name)
         victim = 3 - victim
-    hourly, _ = IntervalSchedule.objects.get_or_create(every=1, period="hours")
-    with transaction.atomic():
-        task.interval, task.kwargs = hourly, _kwargs(task.name, 0.2)
-        task.save()
-    waiting = runs.filter(
-        Q(status__in=(Run.Status.BUFFERED, *UNFINISHED))
-        | Q(status=Run.Status.PENDING, buffered_at__isnull=False)
-        | Q(status=Run.Status.PENDING, due_at__lte=Now())
-    )
-    wait_until(lambda: not waiting.exists(), timeout=120, interval=0.2)
-    deployment.stop("replica-1", "replica-2")
-    time.sleep(0.5)
+    _drain(deployment, [task], runs)
     _, ledger, executions, executed = _observed(deployment, task, 1)
     assert all(e.end is not None for e in executions)
     _one_at_a_time([(e.start, e.end, e.task_id) for e in executions])
