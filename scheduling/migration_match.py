@@ -1,8 +1,9 @@
 """Whether the database's migrations of scheduling match this code, and waiting until they do.
 
 A replica or worker of a release whose migrations have not run (code deployed before
-``manage.py migrate``), or of an older release than the database, would otherwise fail every
-tick on a missing column or function, or hand every run back to the broker. ``migration_gap``
+``manage.py migrate``) would otherwise fail every tick on a missing column or function, or hand
+every run back to the broker; one of the release before, on a database a newer release migrated
+(a rolling deploy), goes on: it logs the gap once at WARNING. ``migration_gap``
 compares the migrations of the app on disk with those the database recorded (Django's
 ``MigrationExecutor.migration_plan`` to the app's leaf nodes, and ``MigrationRecorder``'s
 applied ones); ``MigrationWait`` logs a gap once, at ERROR, with what to run, re-checks with
@@ -61,6 +62,14 @@ class MigrationGap:
     def __bool__(self) -> bool:
         return bool(self.missing or self.unknown or self.squashed_part)
 
+    @property
+    def lags(self) -> bool:
+        """Whether this code must wait: the database lacks some of its migrations (or holds
+        only part of the squashed chain). A newer release's migrations alone do not stop it:
+        each release's migrations leave the schema usable by the release before (a rolling
+        deploy runs both side by side)."""
+        return bool(self.missing or self.squashed_part)
+
     def describe(self) -> str:
         """One sentence or two: what differs and the command that closes the gap."""
         if self.squashed_part:
@@ -115,8 +124,9 @@ def migration_gap(using: str = "default") -> MigrationGap:
 class MigrationWait:
     """One process's wait for the database's migrations to match its code.
 
-    ``behind()`` checks (the first call, or any while waiting) and says whether to wait; a gap
-    is logged once at ``level`` (a different gap while it lasts at INFO), its end once at
+    ``behind()`` checks (the first call, or any while waiting) and says whether to wait (the
+    database lacks migrations of this code: ``MigrationGap.lags``); a gap is logged once at
+    ``level`` (a different gap while it lasts at INFO), its end once at
     WARNING, and
     ``on_match`` is called then. ``delay()`` is the seconds to wait before the next check: the
     replicas' capped, jittered backoff (``cadences.RETRY_BACKOFF_MAX``). Thread-safe; a forked
@@ -138,20 +148,23 @@ class MigrationWait:
         Raises DatabaseError when the database cannot be read (the caller's outage path).
         """
         gap = migration_gap(using)
+        lags = gap.lags
         with self._mutex:
-            was_waiting, self.waiting = self.waiting, bool(gap)
-            self.checks = self.checks + 1 if gap else 0
+            was_waiting, self.waiting = self.waiting, lags
+            self.checks = self.checks + 1 if lags else 0
             if gap and gap != self._logged:
                 # The first gap of a wait at ``level``; one that changes while it lasts (a
-                # ``migrate`` applying the missing migrations one by one) at INFO.
+                # ``migrate`` applying the missing migrations one by one) at INFO; a newer
+                # release's migrations alone (a rolling deploy) once at WARNING, going on.
                 first, self._logged = not self._logged, gap
+                level = (self.level if first else logging.INFO) if lags else logging.WARNING
                 logger.log(
-                    self.level if first else logging.INFO, "%s %s: %s", self.who, self.doing,
+                    level, "%s %s: %s", self.who, self.doing if lags else "goes on",
                     gap.describe(), extra={"action": "migrations_behind"},
                 )
             elif gap:
                 logger.debug("%s: migrations still do not match: %s", self.who, gap.describe())
-        if not gap and was_waiting:
+        if not lags and was_waiting:
             self._logged = MigrationGap()
             logger.warning(
                 "%s: the database's migrations of scheduling match this code now; resuming",
@@ -159,7 +172,7 @@ class MigrationWait:
             )
             if self.on_match is not None:
                 self.on_match()
-        return bool(gap)
+        return lags
 
     def behind_or_unknown(self, using: str = "default") -> bool:
         """``behind()``, where a database that cannot be read counts as behind (checked again

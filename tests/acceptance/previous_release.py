@@ -26,9 +26,9 @@ import psycopg
 from tests.acceptance.deployment import ROOT, Deployment
 from tools.processes import Processes
 
-PREVIOUS_VERSION = "0.1.0"
+PREVIOUS_VERSION = "1.0.0rc1"
 #: The commit of ``PREVIOUS_VERSION`` when CHANGELOG.md does not name one.
-PREVIOUS_COMMIT = "1cd68e6d6d145d326614da0b7be1b2bf901ca007"
+PREVIOUS_COMMIT = "1acf5138aae908e7724bd70dfba8771472abf130"
 
 
 def previous_commit(changelog: Path = ROOT / "CHANGELOG.md") -> str:

@@ -14,8 +14,8 @@ import scheduling
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 VERSION = PROJECT["version"]
-#: The previous release, 0.1.0: this commit of the repository (the upgrade tests check it out).
-PREVIOUS = ("0.1.0", "1cd68e6")
+#: The previous release, 1.0.0rc1: this commit of the repository (the upgrade tests check it out).
+PREVIOUS = ("1.0.0rc1", "1acf513")
 
 
 def matrix(source: str) -> tuple[set[str], set[str]]:
@@ -80,9 +80,9 @@ def test_the_version_is_written_once_and_read_from_the_metadata():
 def test_the_changelog_has_this_release_and_names_the_previous_ones_commit():
     changelog = (ROOT / "CHANGELOG.md").read_text()
     versions = re.findall(r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", changelog, re.MULTILINE)
-    assert [version for version, _ in versions] == ["Unreleased", VERSION, PREVIOUS[0]]
-    previous = changelog.split(f"## [{PREVIOUS[0]}]", 1)[1]
-    assert f"The first release: commit `{PREVIOUS[1]}` of this repository." in previous
+    assert [version for version, _ in versions][:3] == ["Unreleased", VERSION, PREVIOUS[0]]
+    previous = changelog.split(f"## [{PREVIOUS[0]}]", 1)[1].split("\n## [", 1)[0]
+    assert f"ommit `{PREVIOUS[1]}` of this repository." in previous
     assert "### Upgrading" in changelog.split(f"## [{VERSION}]", 1)[1].split("\n## [", 1)[0]
 
 
