@@ -123,6 +123,12 @@ def test_the_runs_list_and_replica_page_show_the_format(admin_client, task):
     replicas = admin_client.get(reverse("admin:scheduling_replica_changelist")).content.decode()
     assert '<td class="field-display_started">2026-12-07 13:43:58 UTC</td>' in replicas
     assert "stopped 2026-12-07 14:43:58 UTC" in replicas
+    detail = admin_client.get(
+        reverse("admin:scheduling_replica_change", args=["replica-1"])
+    ).content.decode()
+    assert '<div class="readonly">2026-12-07 13:43:58 UTC</div>' in detail  # started
+    assert '<div class="readonly">2026-12-07 14:43:58 UTC</div>' in detail  # stopped
+    assert "Dec. 7, 2026" not in detail and "p.m." not in detail
 
 
 @pytest.mark.django_db(transaction=True)
