@@ -80,8 +80,11 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Show a registered task name in the "Task (registered)" dropdown, not as a custom one:
-        the saved task's, and the one a refused form brings back in "Task (custom)"."""
+        the saved task's, and the one a refused form brings back in "Task (custom)". The clocked
+        dropdown shows its times in the one format (``utc_text``)."""
         super().__init__(*args, **kwargs)
+        if "clocked" in self.fields:  # "2026-12-07 18:59:28 UTC", not the model's isoformat
+            self.fields["clocked"].label_from_instance = lambda c: utc_text(c.clocked_time, "s")
         registered = {value for value, _ in self.fields["regtask"].widget.choices if value}
         if self.is_bound:
             name = self.data.get("task", "")

@@ -29,6 +29,7 @@ from scheduling import (
 from scheduling.admin import upcoming_runs
 from scheduling.admin.base import RecordsActorAdmin
 from scheduling.exceptions import ScheduleError
+from scheduling.timeformat import utc_text
 
 #: Each crontab field as an error names it, and the values it takes.
 _CRONTAB_FIELD_HELP = {
@@ -134,4 +135,11 @@ class SolarScheduleAdmin(RecordsActorAdmin, BaseSolarScheduleAdmin):
 
 @admin.register(ClockedSchedule)
 class ClockedScheduleAdmin(RecordsActorAdmin, BaseClockedScheduleAdmin):
-    """django-celery-beat's clocked admin; edits name their user in the edit history."""
+    """django-celery-beat's clocked admin, its list in the one format (``utc_text``, to the
+    second, as a slot); edits name their user in the edit history."""
+
+    list_display = ("utc_clocked_time",)
+
+    @admin.display(description="clocked time (UTC)", ordering="clocked_time")
+    def utc_clocked_time(self, clocked: ClockedSchedule) -> str:
+        return utc_text(clocked.clocked_time, "s")

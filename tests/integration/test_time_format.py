@@ -15,7 +15,7 @@ from django.conf import settings
 from django.contrib.auth.models import Permission, User
 from django.template import Context, Template
 from django.urls import reverse
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.models import ClockedSchedule, PeriodicTask
 
 from scheduling import ledger
 from scheduling.admin.upcoming_runs import preview_start
@@ -129,6 +129,19 @@ def test_the_runs_list_and_replica_page_show_the_format(admin_client, task):
     assert '<div class="readonly">2026-12-07 13:43:58 UTC</div>' in detail  # started
     assert '<div class="readonly">2026-12-07 14:43:58 UTC</div>' in detail  # stopped
     assert "Dec. 7, 2026" not in detail and "p.m." not in detail
+
+
+def test_the_clocked_list_and_the_task_forms_dropdown_show_the_format(admin_client):
+    clocked = ClockedSchedule.objects.create(clocked_time=MOMENT)
+    listed = admin_client.get(
+        reverse("admin:django_celery_beat_clockedschedule_changelist")
+    ).content.decode()
+    assert "2026-12-07 13:43:58 UTC" in listed and "Dec. 7, 2026" not in listed
+    form = admin_client.get(
+        reverse("admin:django_celery_beat_periodictask_add")
+    ).content.decode()
+    assert f'<option value="{clocked.pk}">2026-12-07 13:43:58 UTC</option>' in form
+    assert "+00:00" not in form
 
 
 @pytest.mark.django_db(transaction=True)
