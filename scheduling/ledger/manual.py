@@ -19,6 +19,7 @@ from scheduling.clock import database_now
 from scheduling.exceptions import BackfillRejected, RunNowRefused
 from scheduling.ledger.writes import definition_version, insert_runs, planned_run
 from scheduling.models import Run, TaskHistory
+from scheduling.timeformat import utc_text
 
 logger = logging.getLogger(__name__)
 
@@ -149,11 +150,11 @@ def backfill(
     Raises BackfillRejected for an empty or future range, ScheduleError for a broken schedule.
     """
     if since >= until:
-        raise BackfillRejected(f"empty range: since {since.isoformat()} is not before until")
+        raise BackfillRejected(f"empty range: since {utc_text(since)} is not before until")
     now = database_now(using)
     if until > now:
         raise BackfillRejected(
-            f"until {until.isoformat()} is in the future (database clock {now.isoformat()})"
+            f"until {utc_text(until)} is in the future (database clock {utc_text(now)})"
         )
     seen = created = 0
     last: datetime | None = None
