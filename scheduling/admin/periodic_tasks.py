@@ -379,6 +379,10 @@ class PeriodicTaskAdmin(
                 task.name, since.isoformat(), until.isoformat(), who, total.slots, total.created,
                 extra={"action": "backfill"},
             )
+            if not total.slots:
+                reason = ledger.no_slot_reason(task, since, until)
+                self.message_user(request, f"Backfill of {task.name!r}: {reason}.", messages.WARNING)
+                continue
             self.message_user(
                 request,
                 f"Backfill of {task.name!r}: {total.slots} slots, {total.created} new backfill "

@@ -63,6 +63,12 @@ class Command(BaseCommand):
                 )
         except SchedulingError as exc:
             raise CommandError(str(exc)) from exc
+        if not total.slots:
+            self.stderr.write(
+                f"warning: backfill of {task.name!r} from {utc_text(since, 's')} until "
+                f"{utc_text(until, 's')}: {ledger.no_slot_reason(task, since, until)}"
+            )
+            return
         counts = ", ".join((
             ngettext("%d slot", "%d slots", total.slots) % total.slots,
             ngettext("%d new run", "%d new runs", total.created) % total.created,
