@@ -143,3 +143,11 @@ def test_a_range_that_ends_before_the_task_existed_says_so(make_task):
         "no slot of the task falls in the range: the range ends before the task existed "
         f"(created {created:%Y-%m-%d %H:%M:%S} UTC)"
     )
+
+
+def test_a_chunk_of_no_slot_is_refused(make_task):
+    task = make_task(every=60)
+    with pytest.raises(CommandError, match="^--chunk must be 1 or more, got 0$"):
+        _backfill(task, "--since", "2026-01-05T10:00Z", "--until", "2026-01-05T11:00Z",
+                  "--chunk", "0")
+    assert Run.objects.count() == 0

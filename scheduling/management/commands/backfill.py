@@ -39,10 +39,12 @@ class Command(BaseCommand):
         parser.add_argument("--until", required=True, help="end (excluded), ISO 8601, not future")
         parser.add_argument("--requested-by", default=None, help="default: command:<OS user>")
         parser.add_argument(
-            "--chunk", type=int, default=1000, help="slots per insert and progress step"
+            "--chunk", type=int, default=1000, help="slots per insert and progress step (1 or more)"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["chunk"] < 1:
+            raise CommandError(f"--chunk must be 1 or more, got {options['chunk']}")
         task = periodic_task(options["task"])
         since, until = _instant(options["since"]), _instant(options["until"])
         who = options["requested_by"] or f"command:{getpass.getuser()}"
