@@ -142,7 +142,7 @@ def test_a_utc_schedule_shows_its_slots_in_one_column(admin_client_, make_task):
         ),
         ({"crontab": "999999", "enabled": "on"}, "No preview: crontab: Select a valid choice."),
         ({"crontab": "{berlin}", "upcoming_from": "soon"},
-         "No preview: Invalid isoformat string: &#x27;soon&#x27;"),
+         "No preview: Preview from: enter a date and time like 2026-01-05 10:00:00</p>"),
         ({"crontab": "{berlin}"}, '<p class="upcoming-none">None: the task is disabled.</p>'),
     ],
 )
@@ -194,3 +194,13 @@ def test_the_crontab_preview_names_a_crontab_that_never_fires(admin_client_):
         '<p class="errornote upcoming-error">No preview: invalid crontab 30 2 31 2 *: '
         "day_of_month &#x27;31&#x27; never occurs in month_of_year &#x27;2&#x27;</p>"
     )
+
+
+def test_the_crontab_previews_errors_are_one_sentence_each(admin_client_):
+    bad = {**CRONTAB_FORM, "minute": "99", "hour": "abc"}
+    shown = admin_client_.post(reverse(CRONTAB_PREVIEW), bad).content.decode()
+    assert (
+        "No preview: minute: Invalid minute &#x27;99&#x27;: use 0-59, *, lists (1,2), ranges "
+        "(1-5) or steps (*/15); hour: Invalid hour &#x27;abc&#x27;: use 0-23, *, lists (1,2), "
+        "ranges (1-5) or steps (*/15)</p>"
+    ) in shown
