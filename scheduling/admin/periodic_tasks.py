@@ -35,6 +35,7 @@ from scheduling.admin.base import (
     _seconds,
     _utc_ms,
 )
+from scheduling.admin.schedules import interval_error
 from scheduling.admin.task_dates import TaskDatesAdmin
 from scheduling.admin.task_forms import (
     BackfillForm,
@@ -75,7 +76,8 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
 
     ``args`` must be a JSON list and ``kwargs`` and ``headers`` JSON objects (the rule of
     ``messages.load_json``, with the same error text a run would get), and the Celery task name
-    must be registered in this app (unless ``SCHEDULING_REJECT_UNKNOWN_TASKS`` is off).
+    must be registered in this app (unless ``SCHEDULING_REJECT_UNKNOWN_TASKS`` is off), and an
+    interval not shorter than a second (``schedules.interval_error``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -118,6 +120,9 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
         app.loader.import_default_modules()  # the project's tasks, as a beat replica sees them
         if name and conf.reject_unknown_tasks and name not in app.tasks:
             self.add_error("task", f"unknown task name {name!r}: not registered in this app")
+        interval = data.get("interval")
+        if interval is not None and (error := interval_error(interval.every, interval.period)):
+            self.add_error("interval", error)
         return data
 
 
