@@ -320,7 +320,9 @@ class PeriodicTaskAdmin(
         refused = [(task, why) for task in tasks if (why := ledger.run_now_refusal(task, now))]
         if refused and "confirm" not in request.POST:
             return self._action_page(
-                request, "run_now_confirm.html", "Run disabled or finished tasks now?",
+                request, "run_now_confirm.html",
+                ngettext("Run a disabled or finished task now?",
+                         "Run disabled or finished tasks now?", len(tasks)),
                 refused=refused, tasks=tasks,
             )
         who = request.user.get_username()
