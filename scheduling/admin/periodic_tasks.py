@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -264,14 +264,6 @@ class PeriodicTaskAdmin(
     @admin.display(description="edit history")
     def edit_history(self, obj: PeriodicTask) -> str:
         return history.render_history(obj.pk)
-
-    def history_view(
-        self, request: HttpRequest, object_id: str, extra_context: Any = None
-    ) -> HttpResponseRedirect:
-        """The page's "History" button: the task's edit history (every change, whoever made
-        it), not Django's log of admin edits, which has none of this app's."""
-        url = reverse("admin:scheduling_taskhistory_changelist")
-        return HttpResponseRedirect(f"{url}?{urlencode({'periodic_task_id': object_id})}")
 
     @admin.display(description="recent runs")
     def recent_runs(self, obj: PeriodicTask) -> str:
