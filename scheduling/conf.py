@@ -148,7 +148,7 @@ class Conf:
         "(task=\"*\"), for deployments with very many periodic tasks."
     ))
     prune_older_than = Setting(None, _optional_duration, (
-        "Built-in prune: delete finished runs that finished longer ago than this (a duration "
+        "Built-in prune: delete runs that finished longer ago than this (a duration "
         "such as '30d' or '12h', seconds, or a timedelta); unset: no built-in prune."
     ))
     prune_keep_last = Setting(0, int, (

@@ -128,7 +128,7 @@ def render_history(task_id: int, using: str = "default") -> SafeString:
                 "" if entry.kind == entry.Kind.PAUSE else
                 format_html(' id="history-v{}"', entry.version),
                 entry_url(entry), entry.version,
-                utc_text(entry.changed_at, "s"), who(entry),
+                utc_text(entry.changed_at), who(entry),
                 entry.operation if entry.kind == entry.Kind.PAUSE
                 else f"{entry.kind} {entry.object_id} {entry.operation}",
                 render_changes(entry),

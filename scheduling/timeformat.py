@@ -1,7 +1,8 @@
 """The one way this app shows an instant to a person: UTC, with the zone.
 
 ``2026-12-07 13:40:13.984 UTC`` to the millisecond (runs, pauses, edits: when something
-happened) or ``2026-12-07 13:40:13 UTC`` to the second (slots, replicas' heartbeats, windows).
+happened; the slots of the runs list and the task page's tables) or ``2026-12-07 13:40:13 UTC``
+to the second (a slot in a summary, replicas' heartbeats, windows).
 The admin pages (through the template filter ``utc`` of ``scheduling_time``) and the management
 commands' text output use it; machine-read values (JSON output, message headers, the webhook)
 stay ISO 8601.

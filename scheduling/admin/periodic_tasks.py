@@ -35,6 +35,7 @@ from scheduling.admin.base import (
     _seconds,
     _utc_ms,
 )
+from scheduling.admin.schedules import interval_error
 from scheduling.admin.task_dates import TaskDatesAdmin
 from scheduling.admin.task_forms import (
     BackfillForm,
@@ -75,13 +76,17 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
 
     ``args`` must be a JSON list and ``kwargs`` and ``headers`` JSON objects (the rule of
     ``run_message.load_json``, with the same error text a run would get), and the Celery task name
-    must be registered in this app (unless ``SCHEDULING_REJECT_UNKNOWN_TASKS`` is off).
+    must be registered in this app (unless ``SCHEDULING_REJECT_UNKNOWN_TASKS`` is off), and an
+    interval not shorter than a second (``schedules.interval_error``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Show a registered task name in the "Task (registered)" dropdown, not as a custom one:
-        the saved task's, and the one a refused form brings back in "Task (custom)"."""
+        the saved task's, and the one a refused form brings back in "Task (custom)". The clocked
+        dropdown shows its times in the one format (``utc_text``)."""
         super().__init__(*args, **kwargs)
+        if "clocked" in self.fields:  # "2026-12-07 18:59:28 UTC", not the model's isoformat
+            self.fields["clocked"].label_from_instance = lambda c: utc_text(c.clocked_time, "s")
         registered = {value for value, _ in self.fields["regtask"].widget.choices if value}
         if self.is_bound:
             name = self.data.get("task", "")
@@ -115,6 +120,9 @@ class PeriodicTaskForm(BasePeriodicTaskForm):
         app.loader.import_default_modules()  # the project's tasks, as a beat replica sees them
         if name and conf.reject_unknown_tasks and name not in app.tasks:
             self.add_error("task", f"unknown task name {name!r}: not registered in this app")
+        interval = data.get("interval")
+        if interval is not None and (error := interval_error(interval.every, interval.period)):
+            self.add_error("interval", error)
         return data
 
 
@@ -304,7 +312,9 @@ class PeriodicTaskAdmin(
         refused = [(task, why) for task in tasks if (why := ledger.run_now_refusal(task, now))]
         if refused and "confirm" not in request.POST:
             return self._action_page(
-                request, "run_now_confirm.html", "Run disabled or finished tasks now?",
+                request, "run_now_confirm.html",
+                ngettext("Run a disabled or finished task now?",
+                         "Run disabled or finished tasks now?", len(tasks)),
                 refused=refused, tasks=tasks,
             )
         who = request.user.get_username()
@@ -368,6 +378,10 @@ class PeriodicTaskAdmin(
                 task.name, since.isoformat(), until.isoformat(), who, total.slots, total.created,
                 extra={"action": "backfill"},
             )
+            if not total.slots:
+                reason = ledger.no_slot_reason(task, since, until)
+                self.message_user(request, f"Backfill of {task.name!r}: {reason}.", messages.WARNING)
+                continue
             self.message_user(
                 request,
                 f"Backfill of {task.name!r}: {total.slots} slots, {total.created} new backfill "

@@ -30,6 +30,11 @@ class ReplicaAdmin(ReadOnlyAdmin):
         "display_state",
     )
     search_fields = ("id", "host")
+    #: The detail page: the times in the one format (``utc_text``), not Django's localised one.
+    fields = (
+        "id", "host", "pid", "display_started", "display_last_tick", "display_stopped",
+        "runs_claimed", "display_state",
+    )
 
     class Media:
         css: ClassVar[dict[str, tuple[str, ...]]] = {"all": (ADMIN_CSS,)}
@@ -58,6 +63,10 @@ class ReplicaAdmin(ReadOnlyAdmin):
             '<span class="one-line">{}</span> <span class="quiet one-line">({} s ago)</span>',
             utc_text(replica.last_tick_at, "s"), f"{replica.tick_age:.0f}",
         )
+
+    @admin.display(description="stopped (UTC)", ordering="stopped_at")
+    def display_stopped(self, replica: Replica) -> str:
+        return utc_text(replica.stopped_at, "s")
 
     @admin.display(description="state")
     def display_state(self, replica: Any) -> str:

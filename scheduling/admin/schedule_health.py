@@ -32,19 +32,25 @@ class HealthWindowForm(forms.Form):
         choices=[(key, label) for key, (_span, label, _last) in windows.PRESETS.items()],
         required=False,
     )
-    since = forms.DateTimeField(required=False, help_text="UTC, e.g. 2026-01-05 10:00")
-    until = forms.DateTimeField(required=False, help_text="UTC, excluded")
+    # Labelled as the page's inputs ("from", "to"): the errors name them so.
+    since = forms.DateTimeField(
+        label="from", required=False, help_text="UTC, e.g. 2026-01-05 10:00"
+    )
+    until = forms.DateTimeField(label="to", required=False, help_text="UTC, excluded")
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         since, until = data.get("since"), data.get("until")
-        given = [name for name in ("since", "until") if str(self.data.get(name, "")).strip()]
+        given = [
+            self.fields[name].label for name in ("since", "until")
+            if str(self.data.get(name, "")).strip()
+        ]
         if len(given) == 1:  # a value given but not valid has its own field error
             raise forms.ValidationError(
-                f"A custom range needs both since and until: {given[0]} was given alone."
+                f"A custom range needs both from and to: {given[0]} was given alone."
             )
         if since is not None and until is not None and until <= since:
-            raise forms.ValidationError("Until must be after since.")
+            raise forms.ValidationError("To must be after from.")
         return data
 
     def chosen(self, now: datetime) -> windows.Window:

@@ -3,7 +3,7 @@ the acting user to the edit history; the crontab form checks its fields."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import forms
@@ -29,6 +29,38 @@ from scheduling import (
 from scheduling.admin import upcoming_runs
 from scheduling.admin.base import RecordsActorAdmin
 from scheduling.exceptions import ScheduleError
+from scheduling.timeformat import utc_text
+
+#: The shortest interval a task may have (seconds): the replicas claim about twice a second
+#: (``cadences.MAX_INTERVAL``), so a shorter one only piles up runs due at once.
+SHORTEST_INTERVAL = 1.0
+
+
+def interval_error(every: int | None, period: str | None) -> str:
+    """Why an interval of ``every`` ``period`` (``"seconds"``, ...) is refused, or ""."""
+    if not every or not period:
+        return ""  # the fields' own errors
+    if timedelta(**{period: every}).total_seconds() >= SHORTEST_INTERVAL:
+        return ""
+    return (
+        f"An interval shorter than {SHORTEST_INTERVAL:g} second is refused: the replicas claim "
+        "runs about twice a second, so it would only pile up runs due at once."
+    )
+
+
+class IntervalScheduleForm(forms.ModelForm):
+    """An interval shorter than ``SHORTEST_INTERVAL`` is refused at input."""
+
+    class Meta:
+        model = IntervalSchedule
+        fields = ("every", "period")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if error := interval_error(data.get("every"), data.get("period")):
+            raise forms.ValidationError(error)
+        return data
+
 
 #: Each crontab field as an error names it, and the values it takes.
 _CRONTAB_FIELD_HELP = {
@@ -124,7 +156,10 @@ admin.site.unregister(ClockedSchedule)
 
 @admin.register(IntervalSchedule)
 class IntervalScheduleAdmin(RecordsActorAdmin, BaseIntervalScheduleAdmin):
-    """django-celery-beat's interval admin; edits name their user in the edit history."""
+    """django-celery-beat's interval admin, refusing a sub-second interval
+    (``IntervalScheduleForm``); edits name their user in the edit history."""
+
+    form = IntervalScheduleForm
 
 
 @admin.register(SolarSchedule)
@@ -134,4 +169,11 @@ class SolarScheduleAdmin(RecordsActorAdmin, BaseSolarScheduleAdmin):
 
 @admin.register(ClockedSchedule)
 class ClockedScheduleAdmin(RecordsActorAdmin, BaseClockedScheduleAdmin):
-    """django-celery-beat's clocked admin; edits name their user in the edit history."""
+    """django-celery-beat's clocked admin, its list in the one format (``utc_text``, to the
+    second, as a slot); edits name their user in the edit history."""
+
+    list_display = ("utc_clocked_time",)
+
+    @admin.display(description="clocked time (UTC)", ordering="clocked_time")
+    def utc_clocked_time(self, clocked: ClockedSchedule) -> str:
+        return utc_text(clocked.clocked_time, "s")

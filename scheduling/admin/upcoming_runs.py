@@ -31,6 +31,8 @@ from scheduling.upcoming import DEFAULT_COUNT, task_zone, upcoming_runs
 SCHEDULE_FIELDS = ("interval", "crontab", "solar", "clocked")
 #: The other fields of a periodic task that decide its slots.
 SLOT_FIELDS = ("start_time", "expires", "one_off", "enabled")
+#: What the "Preview from" box takes, as the pages show an instant (UTC).
+PREVIEW_FROM_EXAMPLE = "2026-01-05 10:00:00"
 #: The fields of a crontab row.
 CRONTAB_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week", "timezone")
 
@@ -92,12 +94,16 @@ def preview_start(value: str, now: datetime) -> datetime:
 
     ``value`` is ``YYYY-MM-DD HH:MM:SS`` as the pages show instants (``timeformat.utc_text``,
     a trailing `` UTC`` allowed) or any ISO 8601 date-time; UTC when it names no zone. Raises
-    ValueError for other text.
+    ValueError for other text, saying what the box takes.
     """
     text = value.strip().removesuffix(" UTC").strip()
     if not text:
         return now
-    parsed = datetime.fromisoformat(text)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        example = PREVIEW_FROM_EXAMPLE
+        raise ValueError(f"Preview from: enter a date and time like {example}") from None
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
@@ -172,7 +178,10 @@ class UpcomingRunsAdmin(admin.ModelAdmin):
 
 def form_errors(form: forms.Form, names: tuple[str, ...], non_field: bool = False) -> None:
     """Raise ScheduleError naming the errors of ``form``'s fields ``names`` (and its own)."""
-    bad = [f"{name}: {' '.join(form.errors[name])}" for name in names if name in form.errors]
+    bad = [
+        f"{name}: {' '.join(form.errors[name]).rstrip('.')}" for name in names
+        if name in form.errors
+    ]
     if non_field:
         bad += list(form.non_field_errors())
     if bad:

@@ -45,6 +45,7 @@ from scheduling.ledger.lost import LostExecutions, close_lost_executions
 from scheduling.ledger.manual import (
     BackfillProgress,
     backfill,
+    no_slot_reason,
     request_run,
     run_now_refusal,
     slots_before_creation,
@@ -103,6 +104,7 @@ __all__ = [
     "database_now",
     "keeps_prepared",
     "mark_overdue",
+    "no_slot_reason",
     "note_unplanned",
     "pause",
     "plan_missing",

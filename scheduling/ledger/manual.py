@@ -10,7 +10,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django_celery_beat.models import PeriodicTask
 
@@ -19,6 +19,7 @@ from scheduling.clock import database_now
 from scheduling.exceptions import BackfillRejected, RunNowRefused
 from scheduling.ledger.writes import definition_version, insert_runs, planned_run
 from scheduling.models import Run, TaskHistory
+from scheduling.timeformat import utc_text
 
 logger = logging.getLogger(__name__)
 
@@ -99,12 +100,7 @@ def slots_before_creation(
     """
     if task.start_time is not None:
         return 0, None
-    created = (
-        TaskHistory.objects.using(using)
-        .filter(periodic_task_id=task.pk, kind=TaskHistory.Kind.TASK,
-                operation=TaskHistory.Operation.CREATED)
-        .order_by("version").values_list("changed_at", flat=True).first()
-    )
+    created = _created_at(task, using)
     if created is None or since >= created:
         return 0, created
     end = min(until, created)
@@ -114,6 +110,41 @@ def slots_before_creation(
         scheduled_for__gte=since, scheduled_for__lt=end,
     ).count()
     return max(early - there, 0), created
+
+
+def _created_at(task: PeriodicTask, using: str) -> datetime | None:
+    """When ``task`` was created (its edit history's creation entry), or None if not recorded."""
+    return (
+        TaskHistory.objects.using(using)
+        .filter(periodic_task_id=task.pk, kind=TaskHistory.Kind.TASK,
+                operation=TaskHistory.Operation.CREATED)
+        .order_by("version").values_list("changed_at", flat=True).first()
+    )
+
+
+def no_slot_reason(
+    task: PeriodicTask, since: datetime, until: datetime, using: str = "default"
+) -> str:
+    """Say that no slot of ``task`` falls in ``[since, until)`` (aware) and why, when known.
+
+    The reasons: the range ends before the task's ``start_time``, or for a task without one
+    before it was created (its edit history); it is shorter than the task's interval (in seconds).
+    """
+    reasons = []
+    created = None if task.start_time is not None else _created_at(task, using)
+    if task.start_time is not None and until <= task.start_time:
+        reasons.append(f"the range ends before its start time ({_utc(task.start_time)})")
+    elif created is not None and until <= created:
+        reasons.append(f"the range ends before the task existed (created {_utc(created)})")
+    if task.interval is not None:
+        every = timedelta(**{task.interval.period: task.interval.every})
+        if until - since < every:
+            reasons.append(
+                f"the range ({(until - since).total_seconds():g} s) is shorter than its "
+                f"interval ({every.total_seconds():g} s)"
+            )
+    why = f": {'; '.join(reasons)}" if reasons else ""
+    return f"no slot of the task falls in the range{why}"
 
 
 @dataclass(frozen=True)
@@ -149,11 +180,11 @@ def backfill(
     Raises BackfillRejected for an empty or future range, ScheduleError for a broken schedule.
     """
     if since >= until:
-        raise BackfillRejected(f"empty range: since {since.isoformat()} is not before until")
+        raise BackfillRejected(f"empty range: since {utc_text(since)} is not before until")
     now = database_now(using)
     if until > now:
         raise BackfillRejected(
-            f"until {until.isoformat()} is in the future (database clock {now.isoformat()})"
+            f"until {utc_text(until)} is in the future (database clock {utc_text(now)})"
         )
     seen = created = 0
     last: datetime | None = None

@@ -25,6 +25,7 @@ from scheduling.exceptions import PauseRejected, ScheduleError
 from scheduling.ledger.planning import TASK_RELATED
 from scheduling.ledger.writes import insert_pending
 from scheduling.models import Pause, Run, TaskHistory, TaskVersion
+from scheduling.timeformat import utc_text
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def pause(task: PeriodicTask, *, by: str, why: str = "", using: str = "default")
             _record(task, made, TaskHistory.Operation.PAUSED, {"why": why}, using)
     except IntegrityError as exc:
         since = Pause.objects.using(using).open().filter(periodic_task=task).first()
-        when = f" since {since.paused_at.isoformat()} by {since.paused_by}" if since else ""
+        when = f" since {utc_text(since.paused_at)} by {since.paused_by}" if since else ""
         raise PauseRejected(f"{task.name!r} is already paused{when}") from exc
     logger.debug(  # the caller reports it (the command's line, the admin's message and log line)
         "paused %s by %s: %s", task.name, made.paused_by, why or "-",

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PrunePlan:
-    """What a prune deletes: finished runs that finished before ``cutoff`` (aware, UTC), except
+    """What a prune deletes: runs that finished before ``cutoff`` (aware, UTC), except
     each task's ``keep_last`` most recent finished runs.
 
     Runs are grouped into tasks by ``periodic_task_name`` (it survives deleting the task) and

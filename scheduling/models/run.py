@@ -10,6 +10,8 @@ from django.db.models import F, Q
 from django.db.models.functions import Coalesce, Now
 from django_celery_beat.models import PeriodicTask
 
+from scheduling.timeformat import utc_text
+
 
 class RunQuerySet(models.QuerySet["Run"]):
     """Named states of the ledger."""
@@ -375,7 +377,8 @@ class Run(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.periodic_task_name} @ {self.scheduled_for:%Y-%m-%d %H:%M:%S} ({self.status})"
+        """``nightly @ 2026-12-07 19:01:08 UTC (succeeded)``: the slot to the second, in UTC."""
+        return f"{self.periodic_task_name} @ {utc_text(self.scheduled_for, 's')} ({self.status})"
 
     @property
     def lateness(self) -> timedelta | None:

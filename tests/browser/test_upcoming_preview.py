@@ -69,13 +69,13 @@ def test_the_preview_shows_an_edited_crontab_before_saving(edited):
         for row in rows.all()
     ]
     assert [cell[:3] for cell in cells[2:6]] == [
-        ("3", "2027-03-27 01:30:00 UTC", "2027-03-27 02:30:00 CET"),
-        ("4", "2027-03-28 01:00:00 UTC", "2027-03-28 03:00:00 CEST"),
-        ("5", "2027-03-29 00:30:00 UTC", "2027-03-29 02:30:00 CEST"),
-        ("6", "2027-03-30 00:30:00 UTC", "2027-03-30 02:30:00 CEST"),
+        ("3", "2027-03-27 01:30:00.000 UTC", "2027-03-27 02:30:00 CET"),
+        ("4", "2027-03-28 01:00:00.000 UTC", "2027-03-28 03:00:00 CEST"),
+        ("5", "2027-03-29 00:30:00.000 UTC", "2027-03-29 02:30:00 CEST"),
+        ("6", "2027-03-30 00:30:00.000 UTC", "2027-03-30 02:30:00 CEST"),
     ]
     assert len(cells) == 10
-    dst = "4\t2027-03-28 01:00:00 UTC\t2027-03-28 03:00:00 CEST\t+02:00\t"
+    dst = "4\t2027-03-28 01:00:00.000 UTC\t2027-03-28 03:00:00 CEST\t+02:00\t"
     assert page.locator("#upcoming-preview tr.dst-change").all_inner_texts() == [
         f"{dst}DST change: UTC offset +01:00 -> +02:00"
     ]

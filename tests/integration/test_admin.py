@@ -156,6 +156,19 @@ def test_backfill_action_asks_for_a_range_then_creates_the_runs_once(admin_clien
     ) == [("backfill", "root")] * 5
 
 
+def test_a_backfill_without_a_slot_of_the_task_is_a_warning(admin_client_, make_task):
+    from tests.conftest import utc
+
+    task = make_task(every=3600, start_time=utc(2026, 1, 5, 10, 0), name="hourly")
+    range_ = {"since": "2026-01-05 10:10:00", "until": "2026-01-05 10:40:00", "apply": "1"}
+    page = _backfill_action(admin_client_, task, **range_).content.decode()
+    assert (
+        '<li class="warning">Backfill of &#x27;hourly&#x27;: no slot of the task falls in the '
+        "range: the range (1800 s) is shorter than its interval (3600 s).</li>"
+    ) in page
+    assert "0 slots" not in page
+
+
 def test_backfill_action_needs_the_change_permission(client, make_task):
     user = User.objects.create_user("viewer2", password="pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_periodictask"))

@@ -168,3 +168,30 @@ def test_an_interval_of_zero_is_refused(admin_client_):
     assert response.status_code == 200
     assert "Ensure this value is greater than or equal to 1." in response.content.decode()
     assert IntervalSchedule.objects.count() == 0
+
+
+SUB_SECOND = (
+    "An interval shorter than 1 second is refused: the replicas claim runs about twice a second, "
+    "so it would only pile up runs due at once."
+)
+
+
+@pytest.mark.parametrize(
+    ("every", "period", "refused"),
+    [("1", "microseconds", True), ("999999", "microseconds", True), ("1", "seconds", False)],
+)
+def test_an_interval_shorter_than_a_second_is_refused(admin_client_, every, period, refused):
+    response = admin_client_.post(
+        reverse("admin:django_celery_beat_intervalschedule_add"),
+        {"every": every, "period": period, "periodictask_set-TOTAL_FORMS": "0",
+         "periodictask_set-INITIAL_FORMS": "0"},
+    )
+    assert (SUB_SECOND in response.content.decode()) is refused
+    assert IntervalSchedule.objects.exists() is not refused
+
+
+def test_a_task_on_a_sub_second_interval_is_refused(admin_client_):
+    flood = IntervalSchedule.objects.create(every=1, period="microseconds")
+    page = _add_task(admin_client_, interval=str(flood.pk)).content.decode()
+    assert SUB_SECOND in page
+    assert not PeriodicTask.objects.exists()

@@ -121,13 +121,13 @@ def test_health_windows_and_a_custom_range(staff):
     assert _cells(custom, escaped(SYNC))["runs"] == "3"
     assert _cells(custom, escaped(SYNC))["max"] == "90.000 s"
     wrong = staff.get(HEALTH, {"since": until, "until": since}).content.decode()
-    assert "Until must be after since." in wrong
+    assert "To must be after from." in wrong
     assert "Schedule health: the last 24 hours" in wrong
     # Issue 33: both given, one not a date: that field's error, not "needs both".
     bad = staff.get(HEALTH, {"since": "yesterday", "until": until}).content.decode()
-    assert "Enter a valid date/time." in bad and "needs both" not in bad
+    assert "from: Enter a valid date/time." in bad and "needs both" not in bad
     alone = staff.get(HEALTH, {"until": until}).content.decode()
-    assert "A custom range needs both since and until: until was given alone." in alone
+    assert "A custom range needs both from and to: to was given alone." in alone
 
 
 def escaped(text: str) -> str:

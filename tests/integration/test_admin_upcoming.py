@@ -27,13 +27,13 @@ ROW = re.compile(
 )
 #: 2027-03-25 to 2027-04-03 of "30 2 * * *" in Europe/Berlin: (UTC, local, offset, note).
 BERLIN_ROWS = [
-    ("2027-03-25 01:30:00 UTC", "2027-03-25 02:30:00 CET", "+01:00", ""),
-    ("2027-03-26 01:30:00 UTC", "2027-03-26 02:30:00 CET", "+01:00", ""),
-    ("2027-03-27 01:30:00 UTC", "2027-03-27 02:30:00 CET", "+01:00", ""),
-    ("2027-03-28 01:00:00 UTC", "2027-03-28 03:00:00 CEST", "+02:00",
+    ("2027-03-25 01:30:00.000 UTC", "2027-03-25 02:30:00 CET", "+01:00", ""),
+    ("2027-03-26 01:30:00.000 UTC", "2027-03-26 02:30:00 CET", "+01:00", ""),
+    ("2027-03-27 01:30:00.000 UTC", "2027-03-27 02:30:00 CET", "+01:00", ""),
+    ("2027-03-28 01:00:00.000 UTC", "2027-03-28 03:00:00 CEST", "+02:00",
      "DST change: UTC offset +01:00 -&gt; +02:00"),
     *(
-        (f"2027-{day} 00:30:00 UTC", f"2027-{day} 02:30:00 CEST", "+02:00", "")
+        (f"2027-{day} 00:30:00.000 UTC", f"2027-{day} 02:30:00 CEST", "+02:00", "")
         for day in ("03-29", "03-30", "03-31", "04-01", "04-02", "04-03")
     ),
 ]
@@ -115,7 +115,7 @@ def test_the_preview_of_an_interval_counts_from_the_save(admin_client_, make_tas
             "start_time_1": "00:00:00", "upcoming_from": "2027-03-25T00:00:30"}
     shown = admin_client_.post(reverse(PREVIEW), form).content.decode()
     assert [row[0] for row in _rows(shown)] == [
-        f"2027-03-25 00:{m:02d}:{s:02d} UTC" for m, s in
+        f"2027-03-25 00:{m:02d}:{s:02d}.000 UTC" for m, s in
         ((1, 30), (3, 0), (4, 30), (6, 0), (7, 30), (9, 0), (10, 30), (12, 0), (13, 30), (15, 0))
     ]
 
@@ -127,9 +127,9 @@ def test_a_utc_schedule_shows_its_slots_in_one_column(admin_client_, make_task):
         reverse("admin:django_celery_beat_periodictask_change", args=[task.pk])
     ).content.decode()
     assert "<thead><tr><th>#</th><th>slot (UTC)</th><th></th></tr></thead>" in page
-    assert "<tr><td>1</td><td>2027-03-25 02:30:00 UTC</td><td></td></tr>" in page
+    assert "<tr><td>1</td><td>2027-03-25 02:30:00.000 UTC</td><td></td></tr>" in page
     assert _rows(page)[:2] == [
-        ("2027-03-25 02:30:00 UTC", "", "", ""), ("2027-03-26 02:30:00 UTC", "", "", "")
+        ("2027-03-25 02:30:00.000 UTC", "", "", ""), ("2027-03-26 02:30:00.000 UTC", "", "", "")
     ]
 
 
@@ -142,7 +142,7 @@ def test_a_utc_schedule_shows_its_slots_in_one_column(admin_client_, make_task):
         ),
         ({"crontab": "999999", "enabled": "on"}, "No preview: crontab: Select a valid choice."),
         ({"crontab": "{berlin}", "upcoming_from": "soon"},
-         "No preview: Invalid isoformat string: &#x27;soon&#x27;"),
+         "No preview: Preview from: enter a date and time like 2026-01-05 10:00:00</p>"),
         ({"crontab": "{berlin}"}, '<p class="upcoming-none">None: the task is disabled.</p>'),
     ],
 )
@@ -175,9 +175,9 @@ def test_the_crontab_page_and_its_preview(admin_client_, berlin):
     edited = {**CRONTAB_FORM, "hour": "3", "upcoming_from": "2027-03-25T00:00"}
     shown = admin_client_.post(reverse(CRONTAB_PREVIEW), edited).content.decode()
     assert [row[:2] for row in _rows(shown)[2:5]] == [
-        ("2027-03-27 02:30:00 UTC", "2027-03-27 03:30:00 CET"),
-        ("2027-03-28 01:30:00 UTC", "2027-03-28 03:30:00 CEST"),  # 03:30 exists: no transition
-        ("2027-03-29 01:30:00 UTC", "2027-03-29 03:30:00 CEST"),
+        ("2027-03-27 02:30:00.000 UTC", "2027-03-27 03:30:00 CET"),
+        ("2027-03-28 01:30:00.000 UTC", "2027-03-28 03:30:00 CEST"),  # 03:30 exists: no transition
+        ("2027-03-29 01:30:00.000 UTC", "2027-03-29 03:30:00 CEST"),
     ]
     same = admin_client_.post(
         reverse(CRONTAB_PREVIEW), {**CRONTAB_FORM, "upcoming_from": "2027-03-25T00:00"}
@@ -194,3 +194,13 @@ def test_the_crontab_preview_names_a_crontab_that_never_fires(admin_client_):
         '<p class="errornote upcoming-error">No preview: invalid crontab 30 2 31 2 *: '
         "day_of_month &#x27;31&#x27; never occurs in month_of_year &#x27;2&#x27;</p>"
     )
+
+
+def test_the_crontab_previews_errors_are_one_sentence_each(admin_client_):
+    bad = {**CRONTAB_FORM, "minute": "99", "hour": "abc"}
+    shown = admin_client_.post(reverse(CRONTAB_PREVIEW), bad).content.decode()
+    assert (
+        "No preview: minute: Invalid minute &#x27;99&#x27;: use 0-59, *, lists (1,2), ranges "
+        "(1-5) or steps (*/15); hour: Invalid hour &#x27;abc&#x27;: use 0-23, *, lists (1,2), "
+        "ranges (1-5) or steps (*/15)</p>"
+    ) in shown

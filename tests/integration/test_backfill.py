@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 
 from scheduling import ledger, slots
 from scheduling.exceptions import BackfillRejected
-from scheduling.models import Run, TaskPolicy
+from scheduling.models import Run, TaskHistory, TaskPolicy
 from tests.conftest import utc
 from tests.integration.conftest import claim
 
@@ -76,8 +76,11 @@ def test_backfill_of_a_skip_task_skips_runs_whose_predecessor_is_unfinished(make
 @pytest.mark.parametrize(
     ("since", "until", "message"),
     [
-        ("2026-01-05T10:10:00Z", "2026-01-05T10:00:00Z", "empty range"),
-        ("2026-01-05T10:00:00Z", "2999-01-01T00:00:00Z", "is in the future"),
+        ("2026-01-05T10:10:00Z", "2026-01-05T10:00:00Z",
+         "^empty range: since 2026-01-05 10:10:00.000 UTC is not before until$"),
+        ("2026-01-05T10:00:00Z", "2999-01-01T00:00:00Z",
+         r"^until 2999-01-01 00:00:00.000 UTC is in the future \(database clock "
+         r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC\)$"),
         ("yesterday", "2026-01-05T10:00:00Z", "not an ISO 8601 date-time: 'yesterday'"),
     ],
 )
@@ -107,3 +110,44 @@ def test_run_now_command_by_name_or_id_records_who_asked(make_task, recorder):
     assert recorder.task_ids == [r.task_id for r in manual]
     with pytest.raises(CommandError, match="no periodic task named 'missing'"):
         call_command("run_now", "missing")
+
+
+def _warned(task, since, until) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command("backfill", task.name, "--since", since, "--until", until, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_a_range_without_a_slot_of_the_task_is_a_warning_saying_why(make_task):
+    hourly = make_task(every=3600, start_time=START, name="hourly")
+    assert _warned(hourly, "2026-01-05T10:10:00Z", "2026-01-05T10:40:00Z") == ("", (
+        "warning: backfill of 'hourly' from 2026-01-05 10:10:00 UTC until 2026-01-05 10:40:00 "
+        "UTC: no slot of the task falls in the range: the range (1800 s) is shorter than its "
+        "interval (3600 s)\n"
+    ))
+    assert _warned(hourly, "2026-01-04T10:00:00Z", "2026-01-05T10:00:00Z")[1] == (
+        "warning: backfill of 'hourly' from 2026-01-04 10:00:00 UTC until 2026-01-05 10:00:00 "
+        "UTC: no slot of the task falls in the range: the range ends before its start time "
+        "(2026-01-05 10:00:00 UTC)\n"
+    )
+    assert Run.objects.count() == 0
+
+
+def test_a_range_that_ends_before_the_task_existed_says_so(make_task):
+    task = make_task(every=60, name="new")
+    created = ledger.database_now() - timedelta(hours=1)
+    TaskHistory.objects.filter(periodic_task_id=task.pk).update(changed_at=created)
+    since, until = created - timedelta(days=2), created - timedelta(days=1)
+    assert ledger.backfill(task, since, until).slots == 0
+    assert ledger.no_slot_reason(task, since, until) == (
+        "no slot of the task falls in the range: the range ends before the task existed "
+        f"(created {created:%Y-%m-%d %H:%M:%S} UTC)"
+    )
+
+
+def test_a_chunk_of_no_slot_is_refused(make_task):
+    task = make_task(every=60)
+    with pytest.raises(CommandError, match="^--chunk must be 1 or more, got 0$"):
+        _backfill(task, "--since", "2026-01-05T10:00Z", "--until", "2026-01-05T11:00Z",
+                  "--chunk", "0")
+    assert Run.objects.count() == 0

@@ -8,6 +8,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from project.management.commands.demo import retire_previous_tasks, run_logs
 from scheduling import ledger
@@ -54,3 +55,10 @@ def test_a_second_start_cancels_the_left_runs_without_printing_a_log_line(
         ("demo: digest every 5 s", "the demo, at its start"),
         ("demo: record every minute", "the demo, at its start"),
     ]
+
+
+@pytest.mark.parametrize("value", ["-5", "0"])
+def test_a_duration_of_zero_seconds_or_less_is_refused(value):
+    error = f"^Error: argument --duration: must be more than 0 seconds, got {value}$"
+    with pytest.raises(CommandError, match=error):
+        call_command("demo", "--duration", value)

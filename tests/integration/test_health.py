@@ -7,7 +7,7 @@ import socket
 from datetime import timedelta
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from scheduling import ledger
 from scheduling.models import Replica, Run
@@ -125,3 +125,10 @@ def test_the_healthy_line_counts_runs_closed_without_executing(make_task, record
         0, "ok: 1 replica ticked within 30 s; no run pending more than 120 s past the slot; "
         '2 runs closed "not delivered" and 1 run closed "worker lost" in the last 24 h\n', "",
     )
+
+
+@pytest.mark.parametrize("option", ["--max-overdue", "--max-tick-age"])
+@pytest.mark.parametrize("value", ["-5", "0"])
+def test_a_bound_of_zero_seconds_or_less_is_refused(option, value):
+    with pytest.raises(CommandError, match=f"^{option} must be more than 0 seconds, got {value}$"):
+        call_command("scheduling_health", option, value)

@@ -237,3 +237,16 @@ def test_the_functions_that_run_in_an_editing_session_turn_jit_off():
             "scheduling_note_task_insert", "scheduling_record_history",
         )
     }
+
+
+def test_the_task_pages_history_button_opens_its_edit_history(admin_client_, make_task):
+    task = make_task(every=60, name="shown")
+    make_task(every=60, name="other")
+    task_page = admin_client_.get(
+        reverse("admin:django_celery_beat_periodictask_change", args=[task.pk])
+    ).content.decode()
+    listed = f'{reverse("admin:scheduling_taskhistory_changelist")}?periodic_task_id={task.pk}'
+    assert re.findall(r'<a href="([^"]*)" class="historylink">History</a>', task_page) == [listed]
+    page = admin_client_.get(listed).content.decode()
+    rows = re.findall(r'<th class="field-periodic_task_name"><a href="[^"]*">([^<]*)</a>', page)
+    assert rows and set(rows) == {"shown"}

@@ -124,7 +124,7 @@ def test_the_task_page_and_the_edit_history_list_show_pauses(client, make_task):
     ]
     assert rows[2][2:4] == [f"SQL role {_role()}", f"task {task.pk} created"]
     assert rows[2][4].startswith("20 columnsargs:")  # the row, without date_changed
-    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", row[1]) for row in rows)
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC", row[1]) for row in rows)
     listed = client.get(
         reverse("admin:scheduling_taskhistory_changelist") + "?kind__exact=pause"
     ).content.decode()

@@ -71,6 +71,6 @@ def test_health_page_shows_the_ledger_kept_forever(staff, seeded: int) -> None:
 def test_health_page_says_what_the_replicas_prune(staff, seeded: int) -> None:
     note = _note(staff.get(HEALTH).content.decode())
     assert note.endswith(
-        "The replicas delete finished runs that finished more than 30 days ago "
+        "The replicas delete runs that finished more than 30 days ago "
         "(SCHEDULING_PRUNE_OLDER_THAN)."
     )

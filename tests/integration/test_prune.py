@@ -327,3 +327,19 @@ def test_a_replica_with_a_run_due_at_every_tick_prunes_too(monkeypatch, make_tas
     assert scheduler.tick() == 0.0  # it claimed one of the due runs: more may be due
     assert Run.objects.filter(status=Run.Status.DISPATCHED).count() == 1
     assert len(set(old) & _ids()) == 2  # and deleted a busy batch after the claim: the smallest, 1
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "error"),
+    [("--keep-last", "-1", "^--keep-last must be 0 or more, got -1$"),
+     ("--batch-size", "0", "^--batch-size must be 1 or more, got 0$")],
+)
+def test_prune_command_names_its_options_in_its_errors(option, value, error):
+    with pytest.raises(CommandError, match=error):
+        call_command("scheduling_prune", "--older-than", "30d", option, value)
+
+
+def test_prune_command_says_finished_once():
+    out = StringIO()
+    call_command("scheduling_prune", "--older-than", "30d", "--dry-run", stdout=out)
+    assert out.getvalue().startswith("runs that finished before "), out.getvalue()

@@ -124,6 +124,8 @@ def test_the_admin_action_asks_to_confirm_naming_why(client, finished_tasks, mak
     page = asked.content.decode()
     assert asked.status_code == 200
     assert "Run disabled or finished tasks now?" in page
+    assert "These tasks would not run on their own" in page
+    assert "<p>Selected: " in page and 'value="Run them now anyway"' in page
     assert "<li>&#x27;Nightly report&#x27; is disabled</li>" in page
     assert (
         "<li>&#x27;one-off&#x27; is finished (its clocked time 2026-01-05 10:00:00 UTC has "

@@ -127,3 +127,7 @@ def test_a_backfill_run_s_lateness_is_not_measured(client, make_task):
     figures = re.sub(r"<[^>]+>", "", re.search(r'run-story-figures">(.*?)</p>', page, re.S)[1])
     assert " ".join(figures.split()).split(" · ")[1:3] == [
         "lateness - (a backfill of a past slot)", "runtime 2.000 s"]
+
+
+def test_the_run_pages_title_names_its_slot_in_utc_with_the_zone(page):
+    assert "<h2>nightly @ 2026-07-06 07:00:00 UTC (failed)</h2>" in page

@@ -67,8 +67,12 @@ def test_run_now_of_a_disabled_task_asks_first_on_its_confirmation_page(client, 
     html = page.content.decode()
     assert re.findall(r'<form method="post">', html) == ['<form method="post">']
     assert f'<a href="/admin/django_celery_beat/periodictask/{task.pk}/change/" ' in html
+    assert "<title>Run a disabled or finished task now?" in html
+    assert "<p>This task would not run on its own; a manual run runs it once" in html
+    assert "these tasks" not in html.lower() and "Selected:" not in html
+    assert 'value="Run it now anyway"' in html
     assert Run.objects.filter(trigger="manual").count() == 0
-    done = client.post(url, {"action": "run_tasks", "confirm": "Run them now anyway"})
+    done = client.post(url, {"action": "run_tasks", "confirm": "Run it now anyway"})
     assert (done.status_code, done["Location"]) == (
         302, f"/admin/django_celery_beat/periodictask/{task.pk}/change/",
     )

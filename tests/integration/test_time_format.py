@@ -15,11 +15,11 @@ from django.conf import settings
 from django.contrib.auth.models import Permission, User
 from django.template import Context, Template
 from django.urls import reverse
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.models import ClockedSchedule, PeriodicTask
 
 from scheduling import ledger
 from scheduling.admin.upcoming_runs import preview_start
-from scheduling.models import Replica, Run
+from scheduling.models import Replica, Run, TaskHistory
 from scheduling.timeformat import utc_text
 from tests.acceptance.deployment import ROOT
 from tests.acceptance.deployment import test_database_url as database_url
@@ -123,6 +123,45 @@ def test_the_runs_list_and_replica_page_show_the_format(admin_client, task):
     replicas = admin_client.get(reverse("admin:scheduling_replica_changelist")).content.decode()
     assert '<td class="field-display_started">2026-12-07 13:43:58 UTC</td>' in replicas
     assert "stopped 2026-12-07 14:43:58 UTC" in replicas
+    detail = admin_client.get(
+        reverse("admin:scheduling_replica_change", args=["replica-1"])
+    ).content.decode()
+    assert '<div class="readonly">2026-12-07 13:43:58 UTC</div>' in detail  # started
+    assert '<div class="readonly">2026-12-07 14:43:58 UTC</div>' in detail  # stopped
+    assert "Dec. 7, 2026" not in detail and "p.m." not in detail
+
+
+def test_a_slot_and_an_edit_print_the_same_on_every_page(admin_client, make_task):
+    """An interval slot counted from a save is not a whole second: upcoming and recent runs show
+    it alike, to the millisecond; the task page's edit history as its list, to the millisecond."""
+    slot = datetime(2030, 1, 7, 19, 0, 33, 585000, tzinfo=UTC)
+    task = make_task(every=60, name="sub-second", start_time=slot - timedelta(seconds=60))
+    Run.objects.create(
+        periodic_task=task, periodic_task_name=task.name, task=task.task, scheduled_for=slot,
+        task_id="pending-run",
+    )
+    page = admin_client.get(
+        reverse("admin:django_celery_beat_periodictask_change", args=[task.pk])
+    ).content.decode()
+    assert page.count("2030-01-07 19:00:33.585 UTC") == 2  # upcoming, recent runs
+    assert "2030-01-07 19:00:33 UTC" not in page
+    edited = utc_text(TaskHistory.objects.filter(periodic_task_id=task.pk).first().changed_at)
+    assert f'<td class="moment">{edited}</td>' in page
+    listed = admin_client.get(reverse("admin:scheduling_taskhistory_changelist")).content.decode()
+    assert edited in listed
+
+
+def test_the_clocked_list_and_the_task_forms_dropdown_show_the_format(admin_client):
+    clocked = ClockedSchedule.objects.create(clocked_time=MOMENT)
+    listed = admin_client.get(
+        reverse("admin:django_celery_beat_clockedschedule_changelist")
+    ).content.decode()
+    assert "2026-12-07 13:43:58 UTC" in listed and "Dec. 7, 2026" not in listed
+    form = admin_client.get(
+        reverse("admin:django_celery_beat_periodictask_add")
+    ).content.decode()
+    assert f'<option value="{clocked.pk}">2026-12-07 13:43:58 UTC</option>' in form
+    assert "+00:00" not in form
 
 
 @pytest.mark.django_db(transaction=True)

@@ -22,6 +22,7 @@ the earlier demos' folders stay beside it.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
@@ -117,6 +118,17 @@ class Stats:
         return sum(1 for n in self.executions.values() if n > 1)
 
 
+def positive_seconds(value: str) -> float:
+    """``--duration``'s type: seconds (a float) more than 0; argparse's error otherwise."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not seconds > 0:  # nan too
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {value}")
+    return seconds
+
+
 class Command(BaseCommand):
     help = (
         "Run the demo: N beat replicas with LedgerScheduler, one worker and the admin, printing "
@@ -125,7 +137,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument(
-            "--duration", type=float, default=None,
+            "--duration", type=positive_seconds, default=None,
             help="Stop after this many seconds (default: run until Ctrl-C).",
         )
         parser.add_argument(

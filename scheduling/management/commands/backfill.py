@@ -39,10 +39,12 @@ class Command(BaseCommand):
         parser.add_argument("--until", required=True, help="end (excluded), ISO 8601, not future")
         parser.add_argument("--requested-by", default=None, help="default: command:<OS user>")
         parser.add_argument(
-            "--chunk", type=int, default=1000, help="slots per insert and progress step"
+            "--chunk", type=int, default=1000, help="slots per insert and progress step (1 or more)"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["chunk"] < 1:
+            raise CommandError(f"--chunk must be 1 or more, got {options['chunk']}")
         task = periodic_task(options["task"])
         since, until = _instant(options["since"]), _instant(options["until"])
         who = options["requested_by"] or f"command:{getpass.getuser()}"
@@ -63,6 +65,12 @@ class Command(BaseCommand):
                 )
         except SchedulingError as exc:
             raise CommandError(str(exc)) from exc
+        if not total.slots:
+            self.stderr.write(
+                f"warning: backfill of {task.name!r} from {utc_text(since, 's')} until "
+                f"{utc_text(until, 's')}: {ledger.no_slot_reason(task, since, until)}"
+            )
+            return
         counts = ", ".join((
             ngettext("%d slot", "%d slots", total.slots) % total.slots,
             ngettext("%d new run", "%d new runs", total.created) % total.created,

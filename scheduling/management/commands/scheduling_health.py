@@ -6,7 +6,7 @@ import socket
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from scheduling.health import check
@@ -34,6 +34,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        for option in ("max_tick_age", "max_overdue"):
+            if not options[option] > 0:
+                name = "--" + option.replace("_", "-")
+                raise CommandError(f"{name} must be more than 0 seconds, got {options[option]:g}")
         host = socket.gethostname() if options["local"] else None
         try:
             verdict = check(options["max_tick_age"], options["max_overdue"], host=host)

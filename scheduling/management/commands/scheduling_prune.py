@@ -34,16 +34,18 @@ class Command(BaseCommand):
         parser.add_argument("--batch-size", type=int, default=1000, help="runs per transaction")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["keep_last"] < 0:
+            raise CommandError(f"--keep-last must be 0 or more, got {options['keep_last']}")
+        if options["batch_size"] < 1:
+            raise CommandError(f"--batch-size must be 1 or more, got {options['batch_size']}")
         try:
             older_than = parse_duration(options["older_than"])
             plan = ledger.prune_plan(older_than, options["keep_last"])
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        if options["batch_size"] < 1:
-            raise CommandError("--batch-size must be 1 or more")
         counts = ledger.prune_counts(plan)
         self.stdout.write(
-            f"finished runs that finished before {utc_text(plan.cutoff)}, keeping the last "
+            f"runs that finished before {utc_text(plan.cutoff)}, keeping the last "
             f"{plan.keep_last} of each task:"
         )
         if not options["dry_run"] and counts:
