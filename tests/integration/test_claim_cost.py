@@ -189,7 +189,6 @@ def test_the_ledger_has_no_index_that_another_one_already_serves():
     # every index is written at each plan and dispatch: lookups by task use _recent
     assert names == [
         "scheduling_run_one_backfill_per_slot",
-        "scheduling_run_one_buffered_per_task",  # partial: buffered runs only (buffer_one)
         "scheduling_run_one_pending_per_task",
         "scheduling_run_one_per_slot",
         "scheduling_run_overdue",  # partial: overdue runs only (the health probe, the gauge)
@@ -203,4 +202,5 @@ def test_the_ledger_has_no_index_that_another_one_already_serves():
         "scheduling_run_task_id",
         "scheduling_run_unfinished",
         "scheduling_run_unique_task_id",
+        "scheduling_run_waiting",  # partial: waiting runs only (the policies that buffer)
     ]
