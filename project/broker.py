@@ -25,6 +25,7 @@ from typing import Any
 
 from kombu.transport.sqlalchemy import Channel as SQLChannel
 from kombu.transport.sqlalchemy import Transport as SQLTransport
+from kombu.transport.sqlalchemy.models import metadata
 from kombu.utils.json import loads
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError, PendingRollbackError
@@ -35,6 +36,8 @@ APPLICATION_NAME = "kombu-sqlpoll"
 OWN_OPTIONS = ("visibility_timeout",)
 #: Property of a delivered message naming its row, so that the acknowledgement can find it.
 ROW = "sqlpoll_row"
+#: Key of the transaction-level advisory lock under which a process creates the broker's tables.
+TABLES_LOCK = 0x5C4ED020
 
 
 class Channel(SQLChannel):
@@ -57,7 +60,14 @@ class Channel(SQLChannel):
         # application's (and the chaos tool can cut one process's: tools/brokers.py).
         connect_args = dict(options.pop("connect_args", None) or {})
         connect_args.setdefault("application_name", f"{APPLICATION_NAME}:{os.getpid()}")
-        return create_engine(client.hostname, connect_args=connect_args, **options)
+        engine = create_engine(client.hostname, connect_args=connect_args, **options)
+        # kombu creates its tables in each process on first use, and processes starting at once
+        # on a new database collided on CREATE TABLE (a replica's first publish failed): one at a
+        # time here, and kombu's own create_all then finds them.
+        with engine.begin() as connection:
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": TABLES_LOCK})
+            metadata.create_all(connection)
+        return engine
 
     def _get_or_create(self, queue: str) -> Any:
         """kombu's, but a queue row created meanwhile by another consumer is found, not fatal.

@@ -106,6 +106,31 @@ def test_consumers_declaring_one_new_queue_at_once_all_get_it():
     assert len(set(found)) == 1 and isinstance(found[0], int), found
 
 
+def test_processes_opening_the_broker_on_a_new_database_at_once_all_get_its_tables():
+    """Found in .ci/run: three replicas starting together on a fresh database, one's first
+    publish failed on kombu's CREATE TABLE (DuplicateTable) and was retried a tick later."""
+    import multiprocessing
+
+    with connect_raw() as admin:
+        admin.execute("DROP TABLE IF EXISTS kombu_message, kombu_queue")
+        admin.commit()
+    context = multiprocessing.get_context("fork")
+    name, url, count = f"q-{uuid.uuid4().hex[:8]}", embedded.sql_broker_url(database_url()), 6
+    barrier, results = context.Barrier(count), context.Queue()
+    for engine, _ in SQLChannel._engines.values():
+        engine.dispose()
+    SQLChannel._engines.clear()
+    children = [
+        context.Process(target=_declare, args=(url, name, barrier, results)) for _ in range(count)
+    ]
+    for child in children:
+        child.start()
+    found = [results.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(timeout=30)
+    assert len(set(found)) == 1 and isinstance(found[0], int), found
+
+
 def test_a_poll_whose_session_is_cut_raises_a_connection_error_and_the_next_poll_delivers(
     monkeypatch,
 ):
